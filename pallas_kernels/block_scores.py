@@ -1,0 +1,47 @@
+"""Scores of one (query block, key block) tile inside a Pallas kernel: scale, ALiBi, masks."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# Finite stand-in for -inf: a fully masked tile then gives exp(0) terms that the online
+# softmax rescales to zero once a real key is seen, instead of NaNs from (-inf) - (-inf).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b.T accumulated in float32."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def dot_tn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a.T @ b accumulated in float32."""
+    return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def dot_nn(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b accumulated in float32."""
+    return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def block_scores(q: jax.Array, k: jax.Array, *, scale: float, q_start: jax.Array,
+                 k_start: jax.Array, causal: bool, slope: jax.Array | None,
+                 q_segments: jax.Array | None, k_segments: jax.Array | None) -> jax.Array:
+    """float32 [block_q, block_k] scores ``q k^T * scale + slope * (k_pos - q_pos)``, masked."""
+    block_q, block_k = q.shape[0], k.shape[0]
+    s = dot_nt(q, k) * scale
+    q_pos = q_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+    k_pos = k_start + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+    if slope is not None:
+        s = s + slope.astype(jnp.float32) * (k_pos - q_pos).astype(jnp.float32)
+    mask = None
+    if causal:
+        mask = q_pos >= k_pos
+    if q_segments is not None:
+        same = q_segments[:, None] == k_segments[None, :]
+        mask = same if mask is None else mask & same
+    if mask is not None:
+        s = jnp.where(mask, s, MASK_VALUE)
+    return s
