@@ -5,38 +5,81 @@ from typing import Callable
 
 import jax
 
-from collectives import xla
+from collectives import a2a, auto, hierarchical, ring, xla
+from collectives.layout import AxisName, axis_size
+from collectives.topology import Topology
 
-AxisName = str | tuple[str, ...]
+# (x, axis_name, axis, topology) -> array, where topology describes the ranks of axis_name.
+Collective = Callable[[jax.Array, AxisName, int, Topology], jax.Array]
 
-# name -> (all_gather(x, axis_name, axis), reduce_scatter(x, axis_name, axis))
-ALGORITHMS: dict[str, tuple[Callable, Callable]] = {
-    "xla": (xla.all_gather, xla.reduce_scatter),
+
+def _ffi(op: str) -> Collective:
+    def run(x, axis_name, axis, topo):
+        from collectives.ffi import ops  # compiles the MPI library on first use
+        return getattr(ops, op)(x, axis_name, axis)
+    return run
+
+
+def _hierarchical(fn: Callable) -> Collective:
+    return lambda x, axis_name, axis, topo: fn(x, axis_name, axis, topo.devices_per_host)
+
+
+def _plain(fn: Callable) -> Collective:
+    return lambda x, axis_name, axis, topo: fn(x, axis_name, axis)
+
+
+# name -> (all_gather, reduce_scatter)
+ALGORITHMS: dict[str, tuple[Collective, Collective]] = {
+    "xla": (_plain(xla.all_gather), _plain(xla.reduce_scatter)),
+    "ring": (_plain(ring.all_gather), _plain(ring.reduce_scatter)),
+    "a2a": (_plain(a2a.all_gather), _plain(a2a.reduce_scatter)),
+    "hierarchical": (_hierarchical(hierarchical.all_gather),
+                     _hierarchical(hierarchical.reduce_scatter)),
+    "ffi": (_ffi("all_gather"), _ffi("reduce_scatter")),
 }
 
 
-def _lookup(algorithm: str) -> tuple[Callable, Callable]:
+def _lookup(algorithm: str) -> tuple[Collective, Collective]:
     try:
         return ALGORITHMS[algorithm]
     except KeyError:
         raise ValueError(
-            f"unknown collectives algorithm {algorithm!r}; valid: {sorted(ALGORITHMS)}"
+            f"unknown collectives algorithm {algorithm!r}; valid: {sorted(ALGORITHMS) + ['auto']}"
         ) from None
 
 
+def axis_topology(axis_name: AxisName, topology: Topology | None = None) -> Topology:
+    """Topology of the ranks of ``axis_name`` (inside shard_map): hosts x ranks per host.
+
+    ``topology`` defaults to :meth:`Topology.from_devices` (one host per JAX process), and
+    consecutive ranks of the axis are assumed to fill a host first.
+    """
+    p = axis_size(axis_name)
+    g = (topology or Topology.from_devices()).group_size(p)
+    return Topology(hosts=p // g, devices_per_host=g)
+
+
+def _resolve(algorithm: str, nbytes: int, topo: Topology) -> str:
+    return auto.choose(nbytes, topo) if algorithm == "auto" else algorithm
+
+
 def all_gather(x: jax.Array, axis_name: AxisName, *, axis: int = 0,
-               algorithm: str = "xla") -> jax.Array:
+               algorithm: str = "xla", topology: Topology | None = None) -> jax.Array:
     """Concatenate every rank's ``x`` along ``axis`` (tiled), over mesh axis ``axis_name``.
 
-    Differentiable: the gradient is the matching reduce-scatter.
+    Differentiable: the gradient is the matching reduce-scatter of the same algorithm.
     """
-    return _lookup(algorithm)[0](x, axis_name, axis)
+    topo = axis_topology(axis_name, topology)
+    name = _resolve(algorithm, x.size * x.dtype.itemsize, topo)
+    return _lookup(name)[0](x, axis_name, axis % x.ndim, topo)
 
 
 def reduce_scatter(x: jax.Array, axis_name: AxisName, *, axis: int = 0,
-                   algorithm: str = "xla") -> jax.Array:
+                   algorithm: str = "xla", topology: Topology | None = None) -> jax.Array:
     """Sum ``x`` over ``axis_name`` and keep this rank's tile along ``axis``.
 
-    Differentiable: the gradient is the matching all-gather.
+    Differentiable: the gradient is the matching all-gather of the same algorithm.
     """
-    return _lookup(algorithm)[1](x, axis_name, axis)
+    topo = axis_topology(axis_name, topology)
+    name = _resolve(algorithm, x.size * x.dtype.itemsize // topo.size, topo)
+    return _lookup(name)[1](x, axis_name, axis % x.ndim, topo)
