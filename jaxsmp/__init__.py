@@ -1,0 +1,19 @@
+"""jaxsmp: sharded data, tensor and pipeline parallel LLM training in JAX.
+
+    mesh = jaxsmp.Mesh(sdp=4, tp=2)
+    state = jaxsmp.init(config.build, optax.adamw(3e-4), mesh)
+
+    @jaxsmp.step(microbatches=4, precision="bf16", remat="full")
+    def train_step(model, batch):
+        return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
+
+    state, metrics = train_step(state, batch)
+"""
+from jaxsmp import losses, models, nn, sharding
+from jaxsmp.mesh import Mesh
+from jaxsmp.sharding.rules import DEFAULT_RULES
+from jaxsmp.train.state import TrainState, init
+from jaxsmp.train.step import StepOptions, eval_step, step
+
+__all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "eval_step", "init",
+           "losses", "models", "nn", "sharding", "step"]

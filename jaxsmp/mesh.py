@@ -1,0 +1,90 @@
+"""The device mesh: data (dp), sharded data (sdp), tensor (tp) and pipeline (pp) axes."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import jax
+import numpy as np
+
+# Outermost to innermost. tp varies fastest, so tp groups and then sdp groups are
+# formed from consecutive devices of one host; dp replicas go across hosts.
+AXES = ("dp", "pp", "sdp", "tp")
+DATA_AXES = ("dp", "sdp")
+
+
+def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.ndarray:
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return np.asarray(ordered, dtype=object).reshape(shape)
+
+
+def _resolve_degrees(n: int, dp: int | None, sdp: int | None, tp: int | None,
+                     pp: int | None) -> dict[str, int]:
+    given = {"dp": dp, "pp": pp, "sdp": sdp, "tp": tp}
+    for name, value in given.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"mesh degree {name}={value!r} must be a positive integer")
+    fixed = {k: v for k, v in given.items() if v is not None}
+    defaults = {"dp": 1, "pp": 1, "tp": 1}
+    missing = [k for k in AXES if given[k] is None]
+    if "sdp" in missing:  # sdp takes what is left
+        others = {k: fixed.get(k, defaults.get(k, 1)) for k in AXES if k != "sdp"}
+        rest = math.prod(others.values())
+        degrees = {**others, "sdp": n // rest if n % rest == 0 else 0}
+        if degrees["sdp"] < 1:
+            raise ValueError(
+                f"mesh degrees {others} (product {rest}) do not divide the "
+                f"{n} devices, so sdp cannot take the rest")
+    else:
+        degrees = {k: fixed.get(k, 1) for k in AXES}
+    product = math.prod(degrees.values())
+    if product != n:
+        raise ValueError(
+            f"mesh degrees {degrees} multiply to {product}, but there are {n} devices; "
+            f"choose degrees whose product is {n}")
+    return degrees
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A jaxsmp device mesh. ``sdp`` defaults to whatever the other degrees leave.
+
+    ``Mesh(sdp=4, tp=2)`` on 8 devices: ZeRO-3 over groups of 4, Megatron tensor
+    parallelism over pairs. ``collectives`` names the algorithm for the sdp
+    parameter gather / gradient reduce-scatter (see ``collectives.ALGORITHMS``).
+    """
+    dp: int | None = None
+    sdp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    devices: Sequence[jax.Device] | None = None
+    collectives: str = "xla"
+    jax_mesh: jax.sharding.Mesh = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        devices = list(self.devices if self.devices is not None else jax.devices())
+        degrees = _resolve_degrees(len(devices), self.dp, self.sdp, self.tp, self.pp)
+        for name, value in degrees.items():
+            object.__setattr__(self, name, value)
+        grid = _device_grid(devices, tuple(degrees[a] for a in AXES))
+        object.__setattr__(self, "jax_mesh", jax.sharding.Mesh(grid, AXES))
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in AXES}
+
+    @property
+    def data_size(self) -> int:
+        """How many ways the global batch is split (dp x sdp)."""
+        return self.dp * self.sdp
+
+    def sharding(self, spec: jax.sharding.PartitionSpec) -> jax.sharding.NamedSharding:
+        return jax.sharding.NamedSharding(self.jax_mesh, spec)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.shape.items()), self.collectives,
+                     tuple(d.id for d in self.jax_mesh.devices.flat)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mesh) and hash(self) == hash(other)

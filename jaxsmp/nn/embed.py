@@ -1,0 +1,23 @@
+"""Token embedding, vocabulary-parallel over ``tp``."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxsmp.nn.param import logical_param
+
+
+class Embed(nnx.Module):
+    """Looks up ``[vocab, embed]`` rows; ``attend`` gives tied output logits."""
+
+    def __init__(self, vocab: int, dim: int, *, rngs: nnx.Rngs, init_std: float = 0.02):
+        self.embedding = logical_param(rngs, nnx.initializers.normal(init_std),
+                                       (vocab, dim), ("vocab", "embed"))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], tokens, axis=0)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        table = self.embedding[...]
+        return jnp.einsum("...d,vd->...v", x.astype(table.dtype), table)

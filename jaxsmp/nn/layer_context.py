@@ -1,0 +1,41 @@
+"""What the training step tells every stacked layer: how to gather it, how to remat it.
+
+Models never see meshes or collectives. ``jaxsmp.step`` installs a context whose
+``gather`` turns one layer's ``sdp`` shards into full parameters (ZeRO-3, one layer
+at a time) and whose ``remat`` names the activation-checkpointing policy; outside a
+step the defaults make a :class:`~jaxsmp.nn.Stack` a plain scan.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from flax import nnx
+
+
+def _identity(state: nnx.State) -> nnx.State:
+    return state
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    gather: Callable[[nnx.State], nnx.State] = _identity
+    remat: str = "none"
+
+
+_CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())
+
+
+def current_layer_context() -> LayerContext:
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def layer_context(ctx: LayerContext) -> Iterator[LayerContext]:
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,32 @@
+"""Activation-checkpointing policies by name, applied to each stacked layer."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+POLICIES = ("none", "full", "save_matmuls", "offload")
+
+
+def _offload_policy() -> Callable:
+    kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+    if "pinned_host" not in kinds:
+        raise ValueError(f"remat='offload' needs pinned host memory; backend "
+                         f"{jax.default_backend()!r} has only {sorted(kinds)}")
+    return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+
+def remat(fn: Callable, policy: str) -> Callable:
+    """Wraps a layer body: ``none`` keeps all activations, ``full`` recomputes the
+    layer in the backward pass, ``save_matmuls`` keeps only matmul outputs,
+    ``offload`` moves matmul outputs to host memory and back."""
+    if policy == "none":
+        return fn
+    if policy == "full":
+        return jax.checkpoint(fn, prevent_cse=False)
+    if policy == "save_matmuls":
+        return jax.checkpoint(fn, prevent_cse=False,
+                              policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    if policy == "offload":
+        return jax.checkpoint(fn, prevent_cse=False, policy=_offload_policy())
+    raise ValueError(f"unknown remat policy {policy!r}; valid: {POLICIES}")

@@ -1,0 +1,88 @@
+"""The one table that maps logical parameter axis names to mesh axes.
+
+Tensor parallelism follows Megatron: the fused QKV and MLP-in projections are
+column-parallel (their output axis, ``heads``/``mlp``, is split over ``tp``),
+attention-out and MLP-out are row-parallel (their input axis is split), and the
+embedding is vocabulary-parallel. ``embed`` goes to ``sdp``. Any parameter that
+the table leaves unsharded over ``sdp`` is then split over ``sdp`` on its first
+dimension that divides (ZeRO-3 shards every parameter); a parameter with no such
+dimension is an error, never silently replicated.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from jax.sharding import PartitionSpec as P
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = Mapping[str, MeshAxes]
+
+DEFAULT_RULES: dict[str, MeshAxes] = {
+    "layers": None,      # the stacked-layer axis (pipeline stages split it)
+    "embed": "sdp",      # model width: ZeRO-3 shards it
+    "heads": "tp",       # fused q/k/v heads x head_dim: column-parallel
+    "kv_heads": "tp",    # grouped key/value heads
+    "mlp": "tp",         # MLP hidden: column-parallel in, row-parallel out
+    "vocab": "tp",       # vocabulary-parallel embedding and head
+    "head_dim": None,
+    "norm": None,
+}
+
+
+def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _check_divides(name: str, logical: str, size: int, axes: tuple[str, ...],
+                   mesh_shape: Mapping[str, int]) -> None:
+    degree = math.prod(mesh_shape[a] for a in axes)
+    if size % degree:
+        raise ValueError(
+            f"parameter {name!r}: dimension {logical!r} of size {size} is not divisible "
+            f"by mesh axes {axes} (degree {degree}); change the mesh or the rule for "
+            f"{logical!r}")
+
+
+def _add_sdp(name: str, dims: list[tuple[str, ...]], shape: Sequence[int],
+             mesh_shape: Mapping[str, int], skip: int) -> None:
+    sdp = mesh_shape.get("sdp", 1)
+    if sdp == 1 or any("sdp" in d for d in dims):
+        return
+    for i in range(skip, len(shape)):
+        if shape[i] % (sdp * math.prod(mesh_shape[a] for a in dims[i])) == 0:
+            dims[i] = ("sdp",) + dims[i]  # sdp major: its gather is contiguous
+            return
+    raise ValueError(
+        f"parameter {name!r} of shape {tuple(shape)} has no dimension divisible by "
+        f"sdp={sdp}, so ZeRO-3 cannot shard it; choose an sdp degree dividing one of "
+        f"its dimensions")
+
+
+def resolve_spec(name: str, logical_axes: Sequence[str | None], shape: Sequence[int],
+                 mesh_shape: Mapping[str, int], rules: Rules = DEFAULT_RULES) -> P:
+    """The PartitionSpec of one parameter from its logical axis names."""
+    if len(logical_axes) != len(shape):
+        raise ValueError(f"parameter {name!r}: {len(logical_axes)} axis names "
+                         f"{tuple(logical_axes)} for shape {tuple(shape)}")
+    dims: list[tuple[str, ...]] = []
+    used: set[str] = set()
+    for logical, size in zip(logical_axes, shape):
+        if logical is not None and logical not in rules:
+            raise ValueError(f"parameter {name!r}: logical axis {logical!r} has no rule; "
+                             f"known: {sorted(rules)}")
+        axes = tuple(a for a in _as_tuple(rules.get(logical)) if a not in used
+                     and mesh_shape.get(a, 1) > 1)
+        _check_divides(name, logical, size, axes, mesh_shape)
+        used.update(axes)
+        dims.append(axes)
+    skip = 1 if logical_axes and logical_axes[0] == "layers" else 0
+    _add_sdp(name, dims, shape, mesh_shape, skip)
+    return P(*[d if len(d) > 1 else (d[0] if d else None) for d in dims])
+
+
+def batch_spec(ndim: int) -> P:
+    """Batches are split over both data axes on their leading dimension."""
+    return P(("dp", "sdp"), *([None] * (ndim - 1)))

@@ -1,0 +1,1 @@
+"""Training: state, sharded initialisation, the compiled step."""

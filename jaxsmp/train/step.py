@@ -1,0 +1,232 @@
+"""``@jaxsmp.step``: a user loss function becomes a compiled, sharded training step.
+
+Forward and backward run inside one ``jax.shard_map`` that is manual over the data
+axes (``dp``, ``sdp``) and automatic over ``tp`` (GSPMD places the Megatron splits).
+Top-level parameters are gathered over ``sdp`` once per microbatch; stacked layers
+are gathered one at a time inside the layer scan (ZeRO-3). The gradient of every
+gather is the matching reduce-scatter; after the microbatch scan the accumulated
+shards are summed over ``dp`` (hybrid sharding's second hop). The optimizer then
+updates the sharded float32 master parameters outside the ``shard_map``.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxsmp.nn.layer_context import LayerContext, layer_context
+from jaxsmp.nn.remat import POLICIES
+from jaxsmp.sharding.rules import batch_spec
+from jaxsmp.train.batch import place_batch, split_microbatches
+from jaxsmp.train.param_gather import (MANUAL_AXES, gather_tree, is_stacked, manual_spec,
+                                       mesh_axes)
+from jaxsmp.train.precision import precision_policy
+from jaxsmp.train.state import TrainState, state_shardings
+
+LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
+    ``fp32``, ``bf16`` or ``fp16`` (dynamic loss scaling). ``remat``: ``none``,
+    ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
+    (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
+    mesh's)."""
+    microbatches: int = 1
+    precision: str = "fp32"
+    remat: str = "none"
+    clip_norm: float | None = 1.0
+    collectives: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
+        precision_policy(self.precision)
+        if self.remat not in POLICIES:
+            raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _cast(params: nnx.State, dtype) -> nnx.State:
+    def cast(v: nnx.Variable) -> nnx.Variable:
+        x = v[...]
+        return v.replace(x.astype(dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else v
+    return jax.tree.map(cast, params, is_leaf=_is_var)
+
+
+def _param_specs(params: nnx.State) -> Any:
+    return jax.tree.map(lambda v: manual_spec(mesh_axes(v)), params, is_leaf=_is_var)
+
+
+def _batch_specs(batch: Any) -> Any:
+    return jax.tree.map(lambda x: batch_spec(x.ndim), batch)
+
+
+def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
+             options: StepOptions, algorithm: str) -> tuple[jax.Array, dict]:
+    """The user's loss on local parameter shards, gathering them over sdp as needed."""
+    params = _cast(params, precision_policy(options.precision).compute_dtype)
+    top = gather_tree(params, algorithm, select=lambda v: not is_stacked(v))
+    ctx = LayerContext(gather=lambda s: gather_tree(s, algorithm), remat=options.remat)
+    with layer_context(ctx):
+        out = fn(nnx.merge(graphdef, top), batch)
+    loss, metrics = out if isinstance(out, tuple) else (out, {})
+    return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+
+def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algorithm: str):
+    """The shard_map body: microbatch scan of forward + backward on local shards."""
+    m = options.microbatches
+    norm = m * state.mesh.data_size
+
+    def body(params: nnx.State, batch: Any, scale: jax.Array):
+        params = jax.lax.pcast(params, "dp", to="varying")  # one dp-sum after the scan
+
+        def micro(acc, mbatch):
+            def scaled_loss(p):
+                loss, metrics = _forward(fn, state.graphdef, p, mbatch, options, algorithm)
+                return loss * scale / norm, (loss, metrics)
+            grads, aux = jax.grad(scaled_loss, has_aux=True)(params)
+            acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
+            return acc, aux
+
+        zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
+        acc, (losses, metrics) = jax.lax.scan(micro, zeros, split_microbatches(batch, m))
+        grads = jax.lax.psum(acc, "dp")
+        mean = lambda x: jax.lax.pmean(x.mean(), MANUAL_AXES)  # noqa: E731
+        return grads, mean(losses), jax.tree.map(mean, metrics)
+    return body
+
+
+def _learning_rate(opt_state: Any) -> jax.Array | None:
+    return optax.tree_utils.tree_get(opt_state, "learning_rate", None)
+
+
+def _apply(state: TrainState, grads: nnx.State, options: StepOptions):
+    dynamic = precision_policy(options.precision).loss_scaling
+    if dynamic:
+        grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm)
+    if options.clip_norm is not None:
+        factor = jnp.minimum(1.0, options.clip_norm / (grad_norm + 1e-6))
+        grads = jax.tree.map(lambda g: g * factor, grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    loss_scale = state.loss_scale
+    if dynamic:  # an overflowing step leaves parameters and optimizer state untouched
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+        loss_scale = loss_scale.update(finite)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                              loss_scale=loss_scale)
+    metrics = {"grad_norm": grad_norm, "skipped": (~finite).astype(jnp.int32)}
+    if dynamic:
+        metrics["loss_scale"] = loss_scale.scale
+    lr = _learning_rate(opt_state)
+    if lr is not None:
+        metrics["learning_rate"] = jnp.asarray(lr, jnp.float32)
+    return new_state, metrics
+
+
+def _check_mesh(state: TrainState) -> None:
+    if state.mesh.pp > 1:
+        raise NotImplementedError(
+            f"pipeline parallelism is not implemented yet (mesh has pp={state.mesh.pp}); "
+            "use pp=1")
+
+
+class TrainStep:
+    """A compiled training step: ``state, metrics = train_step(state, batch)``.
+
+    ``state`` is donated: its buffers are reused for the new state.
+    """
+
+    def __init__(self, fn: LossFn, options: StepOptions):
+        self.fn, self.options = fn, options
+        functools.update_wrapper(self, fn)
+        self._compiled: dict = {}
+
+    def _jitted(self, state: TrainState):
+        key = jax.tree.structure(state)
+        if key not in self._compiled:
+            shardings = state_shardings(state, state.mesh)
+            self._compiled[key] = jax.jit(self._step, donate_argnums=0,
+                                          out_shardings=(shardings, None))
+        return self._compiled[key]
+
+    def _step(self, state: TrainState, batch: Any):
+        algorithm = self.options.collectives or state.mesh.collectives
+        body = _local_gradients(self.fn, state, self.options, algorithm)
+        specs = _param_specs(state.params)
+        dynamic = precision_policy(self.options.precision).loss_scaling
+        scale = state.loss_scale.scale if dynamic else jnp.float32(1.0)
+        grads, loss, metrics = jax.shard_map(
+            body, mesh=state.mesh.jax_mesh, axis_names=set(MANUAL_AXES),
+            in_specs=(specs, _batch_specs(batch), P()), out_specs=(specs, P(), P()),
+        )(state.params, batch, scale)
+        new_state, update_metrics = _apply(state, grads, self.options)
+        return new_state, {"loss": loss, **metrics, **update_metrics}
+
+    def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
+        _check_mesh(state)
+        batch = place_batch(batch, state.mesh, self.options.microbatches)
+        return self._jitted(state)(state, batch)
+
+    def lower(self, state: TrainState, batch: Any):
+        """The lowered step (for ``.compile().memory_analysis()`` and cost analysis)."""
+        batch = place_batch(batch, state.mesh, self.options.microbatches)
+        return self._jitted(state).lower(state, batch)
+
+
+class EvalStep:
+    """A compiled evaluation step: ``metrics = eval_step(state, batch)`` (no update)."""
+
+    def __init__(self, fn: LossFn, options: StepOptions):
+        self.fn, self.options = fn, options
+        functools.update_wrapper(self, fn)
+        self._jit = jax.jit(self._eval)
+
+    def _eval(self, state: TrainState, batch: Any) -> dict:
+        algorithm = self.options.collectives or state.mesh.collectives
+
+        def body(params, batch):
+            loss, metrics = _forward(self.fn, state.graphdef, params, batch, self.options,
+                                     algorithm)
+            mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
+            return mean(loss), jax.tree.map(mean, metrics)
+
+        loss, metrics = jax.shard_map(
+            body, mesh=state.mesh.jax_mesh, axis_names=set(MANUAL_AXES),
+            in_specs=(_param_specs(state.params), _batch_specs(batch)), out_specs=(P(), P()),
+        )(state.params, batch)
+        return {"loss": loss, **metrics}
+
+    def __call__(self, state: TrainState, batch: Any) -> dict:
+        _check_mesh(state)
+        return self._jit(state, place_batch(batch, state.mesh, 1))
+
+
+def step(fn: LossFn | None = None, **options: Any):
+    """Decorator: ``@jaxsmp.step(microbatches=4, precision="bf16", remat="full")``
+    turns ``loss_fn(model, batch) -> loss | (loss, metrics)`` into a :class:`TrainStep`."""
+    if fn is None:
+        return lambda f: TrainStep(f, StepOptions(**options))
+    return TrainStep(fn, StepOptions(**options))
+
+
+def eval_step(fn: LossFn | None = None, **options: Any):
+    """Decorator like :func:`step` for evaluation: returns mean loss and metrics."""
+    if fn is None:
+        return lambda f: EvalStep(f, StepOptions(**options))
+    return EvalStep(fn, StepOptions(**options))
