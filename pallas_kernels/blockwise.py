@@ -70,9 +70,9 @@ def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
                             preferred_element_type=jnp.float32)
             return correction[..., None] * acc + pv, m_new, l
 
-        init = (jnp.zeros((b, kvh, g, block_q, d), jnp.float32),
-                jnp.full((b, kvh, g, block_q), -jnp.inf, jnp.float32),
-                jnp.zeros((b, kvh, g, block_q), jnp.float32))
+        init = _match_vma((jnp.zeros((b, kvh, g, block_q, d), jnp.float32),
+                           jnp.full((b, kvh, g, block_q), -jnp.inf, jnp.float32),
+                           jnp.zeros((b, kvh, g, block_q), jnp.float32)), q5, k, v)
         n = _num_key_blocks(q_start, block_q, block_k, seq_len, causal)
         acc, m, l = lax.fori_loop(0, n, key_block, init)
         return acc / l[..., None], m + jnp.log(l)
@@ -81,6 +81,21 @@ def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     out = jnp.moveaxis(outs, 0, 3).reshape(b, kvh, g, seq_len, d)
     lse = jnp.moveaxis(lses, 0, 3).reshape(b, kvh, g, seq_len)
     return out, lse
+
+
+def _varying_axes(x) -> frozenset:
+    aval = jax.typeof(x)  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
+    vma = getattr(aval, "vma", None)
+    return frozenset(vma if vma is not None else getattr(aval.mat, "varying", ()))
+
+
+def _match_vma(init, *refs):
+    """Loop-carry initial values varying over the same shard_map axes as ``refs``
+    (inside ``jax.shard_map`` a carry must keep its varying-axes type)."""
+    axes = tuple(sorted(set().union(*(_varying_axes(r) for r in refs))))
+    if not axes:
+        return init
+    return jax.tree.map(lambda x: lax.pcast(x, axes, to="varying"), init)
 
 
 def _backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, block_q,
@@ -118,12 +133,13 @@ def _backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, blo
             return dq_q, dk, dv
 
         n = _num_key_blocks(q_start, block_q, block_k, seq_len, causal)
-        init = (jnp.zeros((b, block_q, kvh, g, d), jnp.float32), dk, dv)
+        init = (_match_vma(jnp.zeros((b, block_q, kvh, g, d), jnp.float32), q5, k, v, do5),
+                dk, dv)
         dq_q, dk, dv = lax.fori_loop(0, n, key_block, init)
         return lax.dynamic_update_slice_in_dim(dq, dq_q, q_start, 1), dk, dv
 
-    grads = (jnp.zeros(q5.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
-             jnp.zeros(v.shape, jnp.float32))
+    grads = _match_vma((jnp.zeros(q5.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+                        jnp.zeros(v.shape, jnp.float32)), q5, k, v, do5)
     return lax.fori_loop(0, seq_len // block_q, query_block, grads)
 
 
