@@ -109,7 +109,16 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
 
 
 def _learning_rate(opt_state: Any) -> jax.Array | None:
-    return optax.tree_utils.tree_get(opt_state, "learning_rate", None)
+    """The learning rate of an ``optax.inject_hyperparams`` optimizer (possibly chained)."""
+    hyperparams = getattr(opt_state, "hyperparams", None)
+    if isinstance(hyperparams, dict) and "learning_rate" in hyperparams:
+        return hyperparams["learning_rate"]
+    if isinstance(opt_state, tuple):
+        for inner in opt_state:
+            lr = _learning_rate(inner)
+            if lr is not None:
+                return lr
+    return None
 
 
 def _apply(state: TrainState, grads: nnx.State, options: StepOptions):

@@ -1,0 +1,71 @@
+"""Offline text corpora, byte-level tokenisation and step-indexed random batches.
+
+The default corpus is the Python reference documentation that every CPython
+install ships (``pydoc_data.topics``, ~460 KB of English prose and code), so the
+examples train on real text with no download.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def default_corpus() -> str:
+    """The Python reference documentation's topics, joined (real text, always offline)."""
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def load_corpus(path: str | None) -> str:
+    """The text at ``path`` (a file, or a directory of ``*.txt``), or the default corpus."""
+    if path is None:
+        return default_corpus()
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.txt"))
+        if not files:
+            raise ValueError(f"data directory {path!r} has no *.txt files")
+        return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
+    if not p.is_file():
+        raise ValueError(f"data path {path!r} is neither a file nor a directory")
+    return p.read_text(encoding="utf-8", errors="replace")
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255."""
+    vocab_size = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids) -> str:
+        return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+@dataclass
+class TokenBatches:
+    """Random windows of ``seq_len`` tokens; batch ``i`` depends only on (seed, i),
+    so a resumed run sees exactly the batches it would have seen."""
+    tokens: np.ndarray
+    batch_size: int
+    seq_len: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) <= self.seq_len:
+            raise ValueError(f"corpus of {len(self.tokens)} tokens is shorter than "
+                             f"seq_len={self.seq_len}")
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng((self.seed, index))
+        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)
+        rows = np.stack([self.tokens[s:s + self.seq_len] for s in starts])
+        return {"tokens": rows}
+
+    def split(self, eval_fraction: float = 0.1) -> tuple["TokenBatches", "TokenBatches"]:
+        """Train and held-out batches from disjoint parts of the corpus."""
+        cut = int(len(self.tokens) * (1 - eval_fraction))
+        make = lambda t, s: TokenBatches(t, self.batch_size, self.seq_len, s)  # noqa: E731
+        return make(self.tokens[:cut], self.seed), make(self.tokens[cut:], self.seed + 1)

@@ -1,0 +1,85 @@
+"""Train a preset on text with a progress bar (loss, tokens/s, TFLOP/s per device, MFU)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from jaxsmp import losses
+from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
+from jaxsmp.mesh import Mesh
+from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
+from jaxsmp.models import preset
+from jaxsmp.train.state import TrainState, init
+from jaxsmp.train.step import eval_step, step
+from jaxsmp.trainer.config import TrainConfig
+
+
+@dataclass
+class History:
+    losses: list[float] = field(default_factory=list)
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    tokens_per_second: list[float] = field(default_factory=list)
+
+
+def adamw(cfg: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with linear warm-up and cosine decay; the learning rate is reported."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, max(cfg.warmup, 1), max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.1)
+    return optax.inject_hyperparams(optax.adamw)(
+        learning_rate=schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
+
+
+def next_token_loss(model, batch):
+    return losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
+
+
+def build(cfg: TrainConfig) -> tuple[TrainState, object]:
+    mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, collectives=cfg.collectives)
+    model_cfg = preset(cfg.model, cfg.preset, attention_impl=cfg.attention)
+    return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
+
+
+def _postfix(metrics: dict, seconds: float, tokens: int, flops_per_token: float,
+             devices: int, peak: float) -> dict:
+    tps = tokens / seconds
+    tflops = tps * flops_per_token / devices / 1e12
+    return {"loss": f"{float(metrics['loss']):.3f}", "tok/s": f"{tps:,.0f}",
+            "TFLOP/s/dev": f"{tflops:.3g}", "MFU": f"{100 * tflops * 1e12 / peak:.1f}%"}
+
+
+def run(cfg: TrainConfig) -> History:
+    """Trains for ``cfg.steps`` steps; returns the loss history."""
+    state, model_cfg = build(cfg)
+    tokenizer = ByteTokenizer()
+    data = TokenBatches(tokenizer.encode(load_corpus(cfg.data)), cfg.batch_size, cfg.seq_len,
+                        cfg.seed)
+    train_data, eval_data = data.split()
+    train_step = step(next_token_loss, microbatches=cfg.microbatches,
+                      precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm)
+    evaluate = eval_step(next_token_loss, precision=cfg.precision)
+    flops_per_token = train_flops_per_token(model_cfg, cfg.seq_len)
+    peak, peak_source = peak_flops_per_device()
+    tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.preset} | "
+               f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
+    history = History()
+    bar = tqdm(range(cfg.steps), disable=not cfg.progress, dynamic_ncols=True)
+    for i in bar:
+        start = time.perf_counter()
+        state, metrics = train_step(state, train_data.batch(i))
+        loss = float(metrics["loss"])  # waits for the step
+        seconds = time.perf_counter() - start
+        history.losses.append(loss)
+        history.tokens_per_second.append(cfg.batch_size * cfg.seq_len / seconds)
+        bar.set_postfix(_postfix(metrics, seconds, cfg.batch_size * cfg.seq_len,
+                                 flops_per_token, len(jax.devices()), peak))
+        if cfg.eval_every and ((i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps):
+            ev = np.mean([float(evaluate(state, eval_data.batch(j))["loss"])
+                          for j in range(cfg.eval_batches)])
+            history.eval_losses[i + 1] = float(ev)
+            tqdm.write(f"step {i + 1}: train loss {loss:.3f}, eval loss {ev:.3f}")
+    return history
