@@ -1,0 +1,92 @@
+"""The MPI FFI custom call: built with g++, run under mpiexec (mpich wheel), one device per process."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from collectives.ffi import build
+
+WORKER = Path(__file__).with_name("mpi_worker.py")
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+
+
+def _have_mpich() -> bool:
+    try:
+        build.find_mpi()
+    except build.BuildError:
+        return False
+    return MPIEXEC is not None
+
+
+needs_mpi = pytest.mark.skipif(not _have_mpich(),
+                               reason="mpich not installed: pip install 'jaxsmp[mpi]' (mpich wheel)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _mpiexec(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    run = subprocess.run([MPIEXEC, "-n", "4", sys.executable, str(WORKER), *args],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+@needs_mpi
+def test_mpiexec_jit_matches_numpy():
+    out = _mpiexec("jit")
+    assert sorted(line for line in out.splitlines() if line.startswith("OK")) == \
+        [f"OK {r}" for r in range(4)]
+
+
+@needs_mpi
+def test_mpiexec_shard_map_with_jax_distributed():
+    out = _mpiexec("shard_map", str(_free_port()))
+    assert sorted(line for line in out.splitlines() if line.startswith("OK")) == \
+        [f"OK {r}" for r in range(4)]
+
+
+@needs_mpi
+def test_single_process_world_is_identity_and_rejects_cuda(monkeypatch):
+    from collectives.ffi import ops
+    assert ops.world_size() == 1 and ops.rank() == 0
+    x = jnp.arange(15.0).reshape(3, 5)
+    np.testing.assert_array_equal(jax.jit(lambda v: ops.all_gather(v, None, 1))(x), x)
+    np.testing.assert_array_equal(jax.jit(lambda v: ops.reduce_scatter(v, None, 0))(x), x)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(NotImplementedError, match="no NCCL/CUDA"):
+        ops.all_gather(x, None, 0)
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    with pytest.raises(build.BuildError, match="no C\\+\\+ compiler"):
+        build.library_path()
+
+
+def test_missing_mpi_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("MPI_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(build.Path, "exists", lambda self: False)
+    with pytest.raises(build.BuildError, match="no MPI found"):
+        build.find_mpi()
+
+
+@needs_mpi
+def test_library_is_cached_by_source_hash(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXSMP_COLLECTIVES_CACHE", str(tmp_path))
+    first = build.library_path()
+    assert first.parent == tmp_path and first.exists()
+    mtime = first.stat().st_mtime_ns
+    assert build.library_path() == first and first.stat().st_mtime_ns == mtime
