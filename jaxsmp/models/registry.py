@@ -7,10 +7,12 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxsmp.models import gpt_neox
+from jaxsmp.models import bloom, gpt_neox, llama
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_neox": gpt_neox.PRESETS,
+    "bloom": bloom.PRESETS,
+    "llama": llama.PRESETS,
 }
 
 
