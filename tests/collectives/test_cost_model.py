@@ -1,0 +1,32 @@
+import pytest
+
+from collectives import CostModel, Topology, cross_host_bytes
+
+TOPO = Topology(2, 4)
+
+
+def test_cross_host_bytes_from_patterns():
+    n = 1000
+    assert cross_host_bytes("hierarchical", n, TOPO) == 8 * 1 * n   # each rank: 1 remote shard
+    assert cross_host_bytes("a2a", n, TOPO) == 8 * 4 * n            # each rank: 4 remote shards
+    assert cross_host_bytes("ring", n, TOPO) == 2 * 7 * n           # 2 boundary links, 7 steps
+    assert cross_host_bytes("xla", n, TOPO) is None
+    assert cross_host_bytes("a2a", n, Topology(1, 8)) == 0
+
+
+def test_predictions_follow_alpha_beta():
+    m = CostModel.p4d()
+    one = Topology(1, 8)
+    assert m.predict("ring", 1 << 20, one) == pytest.approx(7 * (m.alpha_intra + (1 << 20) / m.bw_intra))
+    assert m.predict("a2a", 1 << 20, one) == pytest.approx(m.alpha_intra + 7 * (1 << 20) / m.bw_intra)
+    # hierarchical sends g times fewer bytes across hosts than a2a: cheaper when large
+    assert m.predict("hierarchical", 1 << 26, TOPO) < m.predict("a2a", 1 << 26, TOPO)
+    assert m.predict("ring", 10, Topology(1, 1)) == 0.0
+    with pytest.raises(ValueError):
+        m.predict("nope", 10, TOPO)
+
+
+def test_save_load_roundtrip(tmp_path):
+    m = CostModel(1e-6, 2e9, 3e-6, 4e9, source="measured")
+    m.save(tmp_path / "c.json")
+    assert CostModel.load(tmp_path / "c.json") == m
