@@ -1,0 +1,161 @@
+"""Import an HF checkpoint directory straight into sharded jaxsmp parameters.
+
+Each device's shard of each parameter is read from the safetensors files on its
+own (only that slice's bytes), converted to the parameter dtype and put on that
+device before the next is read, so the host never holds more than one shard:
+checkpoints larger than host memory load.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxsmp.hf.checkpoint import Checkpoint
+from jaxsmp.hf.config import ModelConfig, family_of, load_config
+from jaxsmp.hf.names import BASE_PREFIX, TensorMap, ignorable, tensor_maps
+from jaxsmp.mesh import Mesh
+from jaxsmp.sharding.rules import DEFAULT_RULES
+from jaxsmp.train.precision import LossScale
+from jaxsmp.train.state import TrainState, annotate_mesh_axes, state_shardings
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _path(path) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
+
+
+def abstract_params(config: ModelConfig, mesh: Mesh, rules: Mapping | None = None):
+    """(graphdef, parameter shapes annotated with their mesh axes), nothing allocated."""
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: config.build(nnx.Rngs(0))),
+                                       nnx.Param, ...)
+    if jax.tree.leaves(rest):
+        raise NotImplementedError("models with non-Param state cannot be imported")
+    return graphdef, annotate_mesh_axes(params, mesh, dict(rules or DEFAULT_RULES))
+
+
+def _expected_hf_shape(m: TensorMap, shape: tuple[int, ...]) -> tuple[int, ...]:
+    per_layer = shape[1:] if m.stacked else shape
+    return tuple(reversed(per_layer)) if m.transpose else tuple(per_layer)
+
+
+def check_tensors(ckpt: Checkpoint, config: ModelConfig, maps: Mapping[tuple, TensorMap],
+                  shapes: Mapping[tuple, tuple[int, ...]]) -> None:
+    """Every expected tensor exists with the expected shape; no unknown tensor is left."""
+    expected: set[str] = set()
+    for path, m in maps.items():
+        layers = range(shapes[path][0]) if m.stacked else [None]
+        want = _expected_hf_shape(m, shapes[path])
+        for layer in layers:
+            name = m.hf_name(layer)
+            expected.add(name)
+            if name not in ckpt:
+                raise KeyError(f"tensor {name!r} (for jaxsmp parameter {'/'.join(path)}) "
+                               f"is missing from the checkpoint in {ckpt.root}")
+            if ckpt.shape(name) != want:
+                raise ValueError(f"tensor {name!r} has shape {list(ckpt.shape(name))} in the "
+                                 f"checkpoint, but the config needs {list(want)}")
+    unknown = sorted(n for n in ckpt.names() - expected if not ignorable(config, n))
+    if unknown:
+        raise ValueError(f"checkpoint in {ckpt.root} has tensors jaxsmp's "
+                         f"{family_of(config)} model does not use: {unknown[:8]}"
+                         f"{' ...' if len(unknown) > 8 else ''}")
+
+
+def read_shard(ckpt: Checkpoint, m: TensorMap, index: tuple[slice, ...],
+               shape: tuple[int, ...], dtype) -> np.ndarray:
+    """The part ``index`` of a jaxsmp parameter of global ``shape``, from the HF tensor(s)."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    layer_index, inner = (index[0], index[1:]) if m.stacked else (None, index)
+    hf_index = tuple(reversed(inner)) if m.transpose else inner
+
+    def one(layer: int | None) -> np.ndarray:
+        part = ckpt.read(m.hf_name(layer), hf_index)
+        return (part.T if m.transpose else part).astype(dtype)
+
+    if not m.stacked:
+        return one(None)
+    layers = range(*layer_index.indices(shape[0]))
+    out = np.empty((len(layers),) + tuple(len(range(*s.indices(n)))
+                                         for s, n in zip(inner, shape[1:])), dtype)
+    for i, layer in enumerate(layers):
+        out[i] = one(layer)
+    return out
+
+
+def _index_key(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple:
+    return tuple(s.indices(n) for s, n in zip(index, shape))
+
+
+def place(ckpt: Checkpoint, m: TensorMap, shape: tuple[int, ...], dtype,
+          sharding: jax.sharding.Sharding) -> jax.Array:
+    """A global array of ``shape`` laid out by ``sharding``, built one device shard at
+    a time; replicas of a shard are copied device to device, not read again."""
+    placed: dict[tuple, jax.Array] = {}
+    arrays = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        key = _index_key(index, shape)
+        if key in placed:
+            arrays.append(jax.device_put(placed[key], device))
+        else:
+            placed[key] = jax.device_put(read_shard(ckpt, m, index, shape, dtype), device)
+            arrays.append(placed[key])
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def load_params(path: str | Path, mesh: Mesh, *, config: ModelConfig | None = None,
+                rules: Mapping | None = None):
+    """(config, graphdef, params) with params sharded on ``mesh`` like ``jaxsmp.init``'s.
+
+    ``config`` defaults to the one in ``config.json`` (pass one to change runtime
+    fields such as ``attention_impl``)."""
+    config = config or load_config(path)[1]
+    graphdef, abstract = abstract_params(config, mesh, rules)
+    shardings = state_shardings(abstract, mesh)
+    flat = dict(jax.tree_util.tree_flatten_with_path(abstract, is_leaf=_is_var)[0])
+    by_path = {_path(k): v for k, v in flat.items()}
+    maps = {m.path: m for m in tensor_maps(config)}
+    if set(maps) != set(by_path):
+        raise RuntimeError(f"HF name table and model disagree: {set(maps) ^ set(by_path)}")
+    ckpt = Checkpoint(path, BASE_PREFIX[family_of(config)])
+    check_tensors(ckpt, config, maps, {p: tuple(v.shape) for p, v in by_path.items()})
+    flat_shardings = dict(jax.tree_util.tree_flatten_with_path(shardings, is_leaf=_is_var)[0])
+
+    def load(key, var: nnx.Variable) -> nnx.Variable:
+        sharding = flat_shardings[key]
+        sharding = sharding.get_value() if _is_var(sharding) else sharding
+        array = place(ckpt, maps[_path(key)], tuple(var.shape), var.dtype, sharding)
+        return var.replace(array)
+
+    params = jax.tree_util.tree_map_with_path(load, abstract, is_leaf=_is_var)
+    return config, graphdef, params
+
+
+def init_from_hf(path: str | Path, tx: optax.GradientTransformation, mesh: Mesh, *,
+                 seed: int = 0, rules: Mapping | None = None,
+                 loss_scale: LossScale | None = None,
+                 **overrides: Any) -> tuple[TrainState, ModelConfig]:
+    """Like ``jaxsmp.init``, but the parameters come from the HF checkpoint ``path``.
+    ``overrides`` replace config fields (e.g. ``attention_impl="blockwise"``)."""
+    config = load_config(path)[1]
+    config = config.replace(**overrides) if overrides else config
+    config, graphdef, params = load_params(path, mesh, config=config, rules=rules)
+    opt_shardings = state_shardings(jax.eval_shape(tx.init, params), mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    replicated = mesh.sharding(P())
+    state = TrainState(
+        step=jax.device_put(jnp.int32(0), replicated), params=params, opt_state=opt_state,
+        loss_scale=jax.device_put(loss_scale or LossScale.create(), replicated),
+        rng=jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated),
+        graphdef=graphdef, tx=tx, mesh=mesh)
+    return state, config
+
