@@ -2,14 +2,19 @@
 
 Every parameter carries its resolved mesh axes in its ``mesh_axes`` metadata
 (set by :func:`jaxsmp.init`). Inside the step's ``shard_map`` a parameter is a
-local ``sdp`` shard; gathering concatenates the shards along the dimension that
-names ``sdp``. The gradient of the gather is the matching reduce-scatter.
+local float32 ``sdp`` shard. :func:`gather_tree` casts it to the compute dtype and
+all-gathers it along the dimension that names ``sdp``, under a custom VJP whose
+backward is the matching reduce-scatter, done in float32: gradients are summed
+at full precision whatever the compute dtype (XLA:CPU also miscompiles bf16
+reduce-scatters inside loops, jax 0.10.2).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -47,17 +52,37 @@ def manual_spec(axes: tuple) -> P:
     return P(*[keep(d) for d in axes])
 
 
-def gather_variable(var: nnx.Variable, algorithm: str) -> nnx.Variable:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def cast_and_gather(shard: jax.Array, dim: int, dtype, algorithm: str) -> jax.Array:
+    """``shard`` cast to ``dtype`` and all-gathered over sdp along ``dim``."""
+    return collectives.all_gather(shard.astype(dtype), "sdp", axis=dim, algorithm=algorithm)
+
+
+def _gather_fwd(shard, dim, dtype, algorithm):
+    return cast_and_gather(shard, dim, dtype, algorithm), jnp.zeros((0,), shard.dtype)
+
+
+def _gather_bwd(dim, dtype, algorithm, dtype_carrier, cotangent):
+    summed = collectives.reduce_scatter(cotangent.astype(jnp.float32), "sdp", axis=dim,
+                                        algorithm=algorithm)
+    return (summed.astype(dtype_carrier.dtype),)
+
+
+cast_and_gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def gather_variable(var: nnx.Variable, dtype, algorithm: str) -> nnx.Variable:
     value = var[...]
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        return var
     dim = _sdp_dim(mesh_axes(var), value.ndim)
     if dim is None:
-        return var
-    full = collectives.all_gather(value, "sdp", axis=dim, algorithm=algorithm)
-    return var.replace(full)
+        return var.replace(value.astype(dtype))
+    return var.replace(cast_and_gather(value, dim, dtype, algorithm))
 
 
-def gather_tree(state: nnx.State, algorithm: str,
+def gather_tree(state: nnx.State, dtype, algorithm: str,
                 select: Callable[[nnx.Variable], bool] = lambda v: True) -> nnx.State:
-    """Gathers the selected parameters of ``state`` over ``sdp``."""
-    return jax.tree.map(lambda v: gather_variable(v, algorithm) if select(v) else v,
+    """The selected parameters of ``state`` in ``dtype``, gathered over sdp."""
+    return jax.tree.map(lambda v: gather_variable(v, dtype, algorithm) if select(v) else v,
                         state, is_leaf=_is_var)

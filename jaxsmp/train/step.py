@@ -57,13 +57,6 @@ def _is_var(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def _cast(params: nnx.State, dtype) -> nnx.State:
-    def cast(v: nnx.Variable) -> nnx.Variable:
-        x = v[...]
-        return v.replace(x.astype(dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else v
-    return jax.tree.map(cast, params, is_leaf=_is_var)
-
-
 def _param_specs(params: nnx.State) -> Any:
     return jax.tree.map(lambda v: manual_spec(mesh_axes(v)), params, is_leaf=_is_var)
 
@@ -75,9 +68,9 @@ def _batch_specs(batch: Any) -> Any:
 def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
              options: StepOptions, algorithm: str) -> tuple[jax.Array, dict]:
     """The user's loss on local parameter shards, gathering them over sdp as needed."""
-    params = _cast(params, precision_policy(options.precision).compute_dtype)
-    top = gather_tree(params, algorithm, select=lambda v: not is_stacked(v))
-    ctx = LayerContext(gather=lambda s: gather_tree(s, algorithm), remat=options.remat)
+    dtype = precision_policy(options.precision).compute_dtype
+    top = gather_tree(params, dtype, algorithm, select=lambda v: not is_stacked(v))
+    ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm), remat=options.remat)
     with layer_context(ctx):
         out = fn(nnx.merge(graphdef, top), batch)
     loss, metrics = out if isinstance(out, tuple) else (out, {})

@@ -32,6 +32,11 @@ class TrainConfig:
     eval_batches: int = 2
     seed: int = 0
     progress: bool = True
+    checkpoint_dir: str | None = None
+    save_every: int = 0
+    keep: int = 3
+    resume: str = "auto"
+    async_checkpoint: bool = True
 
 
 _HELP = {
@@ -46,6 +51,11 @@ _HELP = {
     "remat": "activation checkpointing: none, full, save_matmuls, offload",
     "attention": "attention implementation: auto, blockwise, pallas, reference",
     "data": "text file or directory of *.txt (default: Python's bundled docs)",
+    "checkpoint_dir": "directory for checkpoints (default: no checkpoints)",
+    "save_every": "checkpoint every N steps (0: only at the end)",
+    "keep": "how many of the latest checkpoints to keep",
+    "resume": "auto (latest checkpoint if any), require (error if none), never",
+    "async_checkpoint": "write checkpoints in the background while training continues",
 }
 
 

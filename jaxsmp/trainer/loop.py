@@ -1,6 +1,7 @@
 """Train a preset on text with a progress bar (loss, tokens/s, TFLOP/s per device, MFU)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +11,7 @@ import optax
 from tqdm import tqdm
 
 from jaxsmp import losses
+from jaxsmp.checkpoint import CheckpointManager, describe_model
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
 from jaxsmp.mesh import Mesh
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
@@ -24,6 +26,7 @@ class History:
     losses: list[float] = field(default_factory=list)
     eval_losses: dict[int, float] = field(default_factory=dict)
     tokens_per_second: list[float] = field(default_factory=list)
+    start_step: int = 0  # > 0 when resumed from a checkpoint; losses[k] is step start_step+k
 
 
 def adamw(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -44,6 +47,15 @@ def build(cfg: TrainConfig) -> tuple[TrainState, object]:
     return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
 
 
+def checkpoints(cfg: TrainConfig, model_cfg) -> CheckpointManager | None:
+    """The run's checkpoint manager (None without ``cfg.checkpoint_dir``)."""
+    if not cfg.checkpoint_dir:
+        return None
+    return CheckpointManager(cfg.checkpoint_dir, save_every=cfg.save_every or None,
+                             keep=cfg.keep, async_save=cfg.async_checkpoint,
+                             model=describe_model(model_cfg, family=cfg.model, preset=cfg.preset))
+
+
 def _postfix(metrics: dict, seconds: float, tokens: int, flops_per_token: float,
              devices: int, peak: float) -> dict:
     tps = tokens / seconds
@@ -55,6 +67,11 @@ def _postfix(metrics: dict, seconds: float, tokens: int, flops_per_token: float,
 def run(cfg: TrainConfig) -> History:
     """Trains for ``cfg.steps`` steps; returns the loss history."""
     state, model_cfg = build(cfg)
+    ckpt = checkpoints(cfg, model_cfg)
+    if ckpt is not None:
+        state = ckpt.resume(state, cfg.resume)
+    first = int(state.step)
+    extra = {"train_config": dataclasses.asdict(cfg)}
     tokenizer = ByteTokenizer()
     data = TokenBatches(tokenizer.encode(load_corpus(cfg.data)), cfg.batch_size, cfg.seq_len,
                         cfg.seed)
@@ -66,8 +83,9 @@ def run(cfg: TrainConfig) -> History:
     peak, peak_source = peak_flops_per_device()
     tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.preset} | "
                f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
-    history = History()
-    bar = tqdm(range(cfg.steps), disable=not cfg.progress, dynamic_ncols=True)
+    history = History(start_step=first)
+    bar = tqdm(range(first, cfg.steps), initial=first, total=cfg.steps,
+               disable=not cfg.progress, dynamic_ncols=True)
     for i in bar:
         start = time.perf_counter()
         state, metrics = train_step(state, train_data.batch(i))
@@ -82,4 +100,9 @@ def run(cfg: TrainConfig) -> History:
                           for j in range(cfg.eval_batches)])
             history.eval_losses[i + 1] = float(ev)
             tqdm.write(f"step {i + 1}: train loss {loss:.3f}, eval loss {ev:.3f}")
+        if ckpt is not None:
+            ckpt.save(state, extra=extra)
+    if ckpt is not None:
+        ckpt.save(state, force=True, extra=extra)
+        ckpt.close()
     return history
