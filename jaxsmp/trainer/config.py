@@ -37,10 +37,11 @@ class TrainConfig:
     keep: int = 3
     resume: str = "auto"
     async_checkpoint: bool = True
+    init_from_hf: str | None = None
 
 
 _HELP = {
-    "model": "model family (gpt_neox)",
+    "model": "model family: gpt_neox, bloom, llama",
     "preset": "model size preset, e.g. tiny, 125m, 1.3b, 20b",
     "sdp": "sharded-data-parallel degree (default: the devices left over)",
     "simulate_devices": "number of simulated CPU devices (ignored on GPU/TPU)",
@@ -56,6 +57,8 @@ _HELP = {
     "keep": "how many of the latest checkpoints to keep",
     "resume": "auto (latest checkpoint if any), require (error if none), never",
     "async_checkpoint": "write checkpoints in the background while training continues",
+    "init_from_hf": "fine-tune from a local Hugging Face checkpoint directory "
+                    "(config.json + safetensors) of the --model family",
 }
 
 

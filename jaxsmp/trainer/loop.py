@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from jaxsmp import losses
+from jaxsmp import hf, losses
 from jaxsmp.checkpoint import CheckpointManager, describe_model
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
 from jaxsmp.mesh import Mesh
@@ -43,8 +43,24 @@ def next_token_loss(model, batch):
 
 def build(cfg: TrainConfig) -> tuple[TrainState, object]:
     mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, collectives=cfg.collectives)
+    if cfg.init_from_hf:
+        return from_hf(cfg, mesh)
     model_cfg = preset(cfg.model, cfg.preset, attention_impl=cfg.attention)
     return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
+
+
+def from_hf(cfg: TrainConfig, mesh: Mesh) -> tuple[TrainState, object]:
+    """State and model config from the HF checkpoint ``cfg.init_from_hf``."""
+    family, _ = hf.load_config(cfg.init_from_hf)
+    if family != cfg.model:
+        raise ValueError(f"{cfg.init_from_hf} holds a {family} checkpoint but --model is "
+                         f"{cfg.model}; pass --model {family}")
+    state, model_cfg = hf.init_from_hf(cfg.init_from_hf, adamw(cfg), mesh, seed=cfg.seed,
+                                       attention_impl=cfg.attention)
+    if model_cfg.vocab_size < ByteTokenizer.vocab_size:
+        raise ValueError(f"the byte-level trainer needs vocab_size >= "
+                         f"{ByteTokenizer.vocab_size}; the checkpoint has {model_cfg.vocab_size}")
+    return state, model_cfg
 
 
 def checkpoints(cfg: TrainConfig, model_cfg) -> CheckpointManager | None:
