@@ -32,7 +32,8 @@ def _corrupt(store: ocp.CheckpointManager, step: int, what: str,
              err: Exception) -> CheckpointCorruptError:
     return CheckpointCorruptError(
         f"checkpoint {where(store, step)}: {what} could not be read "
-        f"({type(err).__name__}: {str(err)[:400]}); the files are truncated, corrupt or "
+        f"({type(err).__name__}: {' '.join(str(err).split())[:300]}); the files are "
+        f"truncated, corrupt or "
         f"not a jaxsmp checkpoint; {_others(store, step)}")
 
 

@@ -1,0 +1,36 @@
+"""Runs ``jaxsmp.trainer.run`` and SIGKILLs its own process in the middle of saving
+checkpoint step ``kill_step``: after the arrays and metadata are written into the
+temporary step directory, just before orbax commits it by renaming it into place.
+
+    python checkpoint_kill_worker.py '<TrainConfig fields as JSON>' <kill_step>
+"""
+import json
+import os
+import signal
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from orbax.checkpoint._src.path import atomicity  # noqa: E402
+
+from jaxsmp.trainer import TrainConfig, run  # noqa: E402
+
+
+def kill_during_commit(step: str) -> None:
+    original = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def finalize(self):
+        if self.get_final().name == step:
+            print(f"KILLING during commit of {self.get()}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await original(self)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = finalize
+
+
+if __name__ == "__main__":
+    kill_during_commit(sys.argv[2])
+    run(TrainConfig(**json.loads(sys.argv[1])))
+    print("FINISHED without being killed", flush=True)
