@@ -8,12 +8,15 @@
         return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
 
     state, metrics = train_step(state, batch)
+    jaxsmp.save("ckpt", state)                      # jaxsmp.checkpoint for more
+    state = jaxsmp.restore("ckpt", state)           # latest, onto state's mesh
 """
-from jaxsmp import losses, models, nn, sharding
+from jaxsmp import checkpoint, losses, models, nn, sharding
+from jaxsmp.checkpoint import restore, save
 from jaxsmp.mesh import Mesh
 from jaxsmp.sharding.rules import DEFAULT_RULES
 from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import StepOptions, eval_step, step
 
-__all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "eval_step", "init",
-           "losses", "models", "nn", "sharding", "step"]
+__all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "checkpoint", "eval_step",
+           "init", "losses", "models", "nn", "restore", "save", "sharding", "step"]

@@ -210,3 +210,12 @@ def test_never_overwrites(reference, tmp_path):
             ckpt.save(state)
     after = {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_top_level_save_and_restore(tmp_path):
+    state = jaxsmp.init(CFG.build, TX, jaxsmp.Mesh(sdp=8), seed=3)
+    jaxsmp.save(tmp_path, state)
+    restored = jaxsmp.restore(tmp_path, abstract_state(CFG.build, TX, jaxsmp.Mesh(tp=2)))
+    assert_bitwise(host(restored), host(state))
+    with pytest.raises(CheckpointExistsError):
+        jaxsmp.save(tmp_path, state)  # same step again: the good checkpoint stays
