@@ -15,7 +15,8 @@ from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_tables
 @dataclass(frozen=True)
 class LlamaConfig:
     """Architecture hyper-parameters; field names follow Hugging Face's LlamaConfig.
-    ``num_key_value_heads`` < ``num_attention_heads`` is grouped-query attention."""
+    ``num_key_value_heads`` < ``num_attention_heads`` is grouped-query attention
+    (``None``: as many as the query heads)."""
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -32,6 +33,8 @@ class LlamaConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:  # canonical form: always explicit
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
                              f"num_attention_heads {self.num_attention_heads}")

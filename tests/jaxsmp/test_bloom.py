@@ -44,7 +44,7 @@ def _tiny():
 
 
 def test_forward_is_causal():
-    model = _tiny().build(nnx.Rngs(0))
+    model = jax.jit(_tiny().build(nnx.Rngs(0)).__call__)
     tokens = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int32)
     changed = tokens.copy()
     changed[:, 10] = (changed[:, 10] + 1) % 256
@@ -57,7 +57,7 @@ def test_forward_is_causal():
 def test_alibi_gives_the_model_word_order():
     """Bloom has no position embedding: without ALiBi the last position's output would
     not change when the earlier tokens are permuted."""
-    model = _tiny().build(nnx.Rngs(0))
+    model = jax.jit(_tiny().build(nnx.Rngs(0)).__call__)
     tokens = np.random.default_rng(1).integers(0, 256, (1, 16)).astype(np.int32)
     permuted = tokens.copy()
     permuted[0, :-1] = tokens[0, :-1][::-1]

@@ -47,7 +47,7 @@ def _tiny():
 
 
 def test_forward_is_causal_and_position_aware():
-    model = _tiny().build(nnx.Rngs(0))
+    model = jax.jit(_tiny().build(nnx.Rngs(0)).__call__)
     tokens = np.random.default_rng(0).integers(0, 256, (2, 16)).astype(np.int32)
     changed = tokens.copy()
     changed[:, 10] = (changed[:, 10] + 1) % 256
