@@ -97,7 +97,7 @@ def run(cfg: TrainConfig) -> History:
     evaluate = eval_step(next_token_loss, precision=cfg.precision)
     flops_per_token = train_flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = peak_flops_per_device()
-    tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.preset} | "
+    tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.init_from_hf or cfg.preset} | "
                f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
     history = History(start_step=first)
     bar = tqdm(range(first, cfg.steps), initial=first, total=cfg.steps,
