@@ -107,8 +107,9 @@ def place(ckpt: Checkpoint, m: TensorMap, shape: tuple[int, ...], dtype,
         if key in placed:
             arrays.append(jax.device_put(placed[key], device))
         else:
-            placed[key] = jax.device_put(read_shard(ckpt, m, index, shape, dtype), device)
-            arrays.append(placed[key])
+            shard = jax.device_put(read_shard(ckpt, m, index, shape, dtype), device)
+            placed[key] = shard.block_until_ready()  # frees the host copy before the next read
+            arrays.append(shard)
     return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
