@@ -1,11 +1,11 @@
 import jax.numpy as jnp
 import pytest
 
-from conftest import DTYPES
+from collectives_checks import DTYPES, check_against_xla
 
 
 @pytest.mark.parametrize("mesh_key", ["x", "ab"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_a2a_matches_xla(against_xla, mesh_key, axis, dtype):
-    against_xla("a2a", mesh_key, axis, dtype)
+def test_a2a_matches_xla(mesh_key, axis, dtype):
+    check_against_xla("a2a", mesh_key, axis, dtype)

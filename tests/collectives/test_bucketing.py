@@ -6,7 +6,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import collectives
 from collectives import Topology
-from conftest import compare, random_input
+from collectives_checks import compare, random_input
 
 P8 = 8
 # per-rank shards of one "layer"; axes says which dim each is sharded on

@@ -4,19 +4,19 @@ import pytest
 
 from collectives import Topology, hierarchical
 from collectives.hierarchical import _group_perm
-from conftest import DTYPES
+from collectives_checks import DTYPES, check_against_xla
 
 
 @pytest.mark.parametrize("mesh_key", ["x", "ab"])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_hierarchical_2x4_matches_xla(against_xla, mesh_key, axis, dtype):
-    against_xla("hierarchical", mesh_key, axis, dtype, topology=Topology(2, 4))
+def test_hierarchical_2x4_matches_xla(mesh_key, axis, dtype):
+    check_against_xla("hierarchical", mesh_key, axis, dtype, topology=Topology(2, 4))
 
 
 @pytest.mark.parametrize("topo", [Topology(4, 2), Topology(8, 1), Topology(1, 8)], ids=str)
-def test_hierarchical_other_groupings_match_xla(against_xla, topo):
-    against_xla("hierarchical", "x", 1, jnp.float32, topology=topo)
+def test_hierarchical_other_groupings_match_xla(topo):
+    check_against_xla("hierarchical", "x", 1, jnp.float32, topology=topo)
 
 
 def test_group_perm_stays_in_group():

@@ -1,10 +1,9 @@
-"""Shared checks: an algorithm's collectives against XLA's, values and gradients, on 8 devices."""
+"""Shared checks (imported by the test modules): an algorithm's collectives against XLA's, values and gradients, on 8 devices."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import collectives
@@ -67,7 +66,3 @@ def check_against_xla(algorithm: str, mesh_key: str, axis: int, dtype, *,
     for g, w in zip(loss(algorithm)(x_ag, x_rs), loss("xla")(x_ag, x_rs)):
         compare(g, w, dtype)
 
-
-@pytest.fixture
-def against_xla():
-    return check_against_xla
