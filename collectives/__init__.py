@@ -5,7 +5,8 @@ This package does not import ``jaxsmp``. ``jaxsmp`` calls :func:`all_gather` and
 gradient reduce-scatter, selecting an algorithm by name (``xla``, ``ring``, ``a2a``,
 ``hierarchical``, ``ffi`` or ``auto``).
 """
-from collectives.api import ALGORITHMS, all_gather, axis_topology, reduce_scatter
+from collectives.api import (ALGORITHMS, all_gather, axis_topology, reduce_scatter,
+                             set_topology_mesh)
 from collectives.auto import choose, explain
 from collectives.bucketing import all_gather_tree, reduce_scatter_tree
 from collectives.cost_model import CostModel, cross_host_bytes, set_cost_model
@@ -14,5 +15,5 @@ from collectives.topology import Topology
 __all__ = [
     "ALGORITHMS", "CostModel", "Topology", "all_gather", "all_gather_tree", "axis_topology",
     "choose", "cross_host_bytes", "explain", "reduce_scatter", "reduce_scatter_tree",
-    "set_cost_model",
+    "set_cost_model", "set_topology_mesh",
 ]

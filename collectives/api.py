@@ -1,6 +1,7 @@
 """Public entry points: ``all_gather`` and ``reduce_scatter`` by algorithm name."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -48,15 +49,35 @@ def _lookup(algorithm: str) -> tuple[Collective, Collective]:
         ) from None
 
 
+_topology_mesh: jax.sharding.Mesh | None = None
+
+
+def set_topology_mesh(mesh: jax.sharding.Mesh | None) -> None:
+    """Read host groupings of axes from ``mesh`` (its devices' ``process_index``) when no
+    ``topology`` is passed, e.g. ``sdp`` with ``tp`` inside a host. None: back to defaults."""
+    global _topology_mesh
+    _topology_mesh = mesh
+
+
 def axis_topology(axis_name: AxisName, topology: Topology | None = None) -> Topology:
     """Topology of the ranks of ``axis_name`` (inside shard_map): hosts x ranks per host.
 
-    ``topology`` defaults to :meth:`Topology.from_devices` (one host per JAX process), and
-    consecutive ranks of the axis are assumed to fill a host first.
+    Without ``topology``: from the mesh given to :func:`set_topology_mesh` if it has these
+    axes, else :meth:`Topology.from_devices` (one host per JAX process) with consecutive
+    ranks of the axis filling a host first. Only speed depends on it, never results.
     """
     p = axis_size(axis_name)
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    mesh = _topology_mesh
+    if topology is None and mesh is not None and set(names) <= set(mesh.axis_names):
+        return _mesh_axis_topology(mesh, names)
     g = (topology or Topology.from_devices()).group_size(p)
     return Topology(hosts=p // g, devices_per_host=g)
+
+
+@functools.lru_cache(maxsize=64)
+def _mesh_axis_topology(mesh: jax.sharding.Mesh, names: tuple[str, ...]) -> Topology:
+    return Topology.for_mesh_axis(mesh, names)
 
 
 def _resolve(algorithm: str, nbytes: int, topo: Topology) -> str:

@@ -70,3 +70,28 @@ def test_axis_topology_inside_shard_map():
     jax.shard_map(f, mesh=mesh, in_specs=P(("a", "b")), out_specs=P(("a", "b")))(
         jax.device_put(jnp.zeros(8), NamedSharding(mesh, P(("a", "b")))))
     assert seen == {"b": Topology(1, 4), "ab": Topology(2, 4), "default": Topology(1, 8)}
+
+
+def test_set_topology_mesh_reads_host_groups_from_devices():
+    class Dev:
+        def __init__(self, process_index):
+            self.process_index = process_index
+    devices = np.array([Dev(i // 4) for i in range(8)], dtype=object).reshape(2, 2, 2)
+    fake = type("FakeMesh", (), {"devices": devices, "axis_names": ("dp", "sdp", "tp"),
+                                 "shape": {"dp": 2, "sdp": 2, "tp": 2}})()
+    mesh = jax.make_mesh((2, 2, 2), ("dp", "sdp", "tp"))
+    seen = {}
+
+    def f(v):
+        seen["sdp"] = collectives.axis_topology("sdp")
+        seen["dp_sdp"] = collectives.axis_topology(("dp", "sdp"))
+        return v
+    x = jax.device_put(jnp.zeros(8), NamedSharding(mesh, P(("dp", "sdp", "tp"))))
+    try:
+        collectives.set_topology_mesh(fake)
+        jax.shard_map(f, mesh=mesh, in_specs=P(("dp", "sdp", "tp")),
+                      out_specs=P(("dp", "sdp", "tp")))(x)
+    finally:
+        collectives.set_topology_mesh(None)
+    # hosts of 4 devices, tp innermost: 2 sdp ranks per host; dp goes across hosts
+    assert seen == {"sdp": Topology(1, 2), "dp_sdp": Topology(2, 2)}
