@@ -13,8 +13,8 @@ from jaxsmp.trainer.config import parse_args
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv, model="gpt_neox")
-    import jax  # after flags: the simulated device count must be set before JAX starts
-    jax.config.update("jax_num_cpu_devices", cfg.simulate_devices)
+    from jaxsmp.simulated_devices import simulate_cpu_devices
+    simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
     from jaxsmp.trainer import run
     history = run(cfg)
     print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")

@@ -118,7 +118,7 @@ def _apply(state: TrainState, grads: nnx.State, options: StepOptions):
     dynamic = precision_policy(options.precision).loss_scaling
     if dynamic:
         grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
     if options.clip_norm is not None:
         factor = jnp.minimum(1.0, options.clip_norm / (grad_norm + 1e-6))

@@ -1,0 +1,45 @@
+"""Shared fixtures for jaxsmp tests: a tiny GPT-NeoX, random tokens, a training run."""
+from typing import Callable
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jaxsmp
+
+
+def next_token_loss(model, batch):
+    return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    return jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=2,
+                                attention_impl="reference")
+
+
+@pytest.fixture(scope="session")
+def tokens():
+    return np.random.default_rng(0).integers(0, 256, (16, 32)).astype(np.int32)
+
+
+def single_device_mesh() -> jaxsmp.Mesh:
+    return jaxsmp.Mesh(sdp=1, devices=jax.devices()[:1])
+
+
+def train(config, mesh: jaxsmp.Mesh, tokens: np.ndarray, steps: int = 3,
+          tx: Callable[[], optax.GradientTransformation] = lambda: optax.adamw(1e-3),
+          **step_options):
+    """(final state, losses) of ``steps`` steps on the same batch."""
+    state = jaxsmp.init(config.build, tx(), mesh, seed=0)
+    train_step = jaxsmp.step(next_token_loss, **step_options)
+    losses = []
+    for _ in range(steps):
+        state, metrics = train_step(state, {"tokens": tokens})
+        losses.append(float(metrics["loss"]))
+    return state, losses
+
+
+def leaves(state) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(state.params)]

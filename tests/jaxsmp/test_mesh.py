@@ -1,0 +1,52 @@
+"""jaxsmp.Mesh: degrees, defaults, errors and the host-local device layout."""
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+
+import jaxsmp
+from jaxsmp.mesh import _device_grid
+
+
+def test_sdp_takes_what_is_left():
+    mesh = jaxsmp.Mesh(tp=2)
+    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 4, "tp": 2}
+    assert mesh.data_size == 4
+
+
+def test_explicit_degrees():
+    mesh = jaxsmp.Mesh(dp=2, sdp=2, tp=2)
+    assert mesh.jax_mesh.shape == {"dp": 2, "pp": 1, "sdp": 2, "tp": 2}
+
+
+def test_degrees_not_matching_devices_name_everything():
+    with pytest.raises(ValueError, match=r"multiply to 12.*8 devices"):
+        jaxsmp.Mesh(dp=3, sdp=2, tp=2)
+
+
+def test_degrees_not_dividing_devices():
+    with pytest.raises(ValueError, match=r"do not divide the 8 devices"):
+        jaxsmp.Mesh(tp=3)
+
+
+def test_bad_degree_value():
+    with pytest.raises(ValueError, match=r"tp=0"):
+        jaxsmp.Mesh(tp=0)
+
+
+def test_tp_then_sdp_groups_stay_inside_a_host():
+    # 2 hosts x 4 devices, listed out of order: tp pairs and sdp groups must be
+    # consecutive devices of one host; dp replicas go across hosts.
+    devices = [SimpleNamespace(process_index=p, id=p * 4 + i) for p in (1, 0) for i in range(4)]
+    grid = _device_grid(devices, (2, 1, 2, 2))  # dp, pp, sdp, tp
+    for replica in range(2):
+        hosts = {d.process_index for d in grid[replica].flat}
+        assert hosts == {replica}
+    assert [d.id for d in grid[0, 0, 0]] == [0, 1]
+
+
+def test_mesh_uses_all_devices():
+    mesh = jaxsmp.Mesh()
+    assert sorted(d.id for d in mesh.jax_mesh.devices.flat) == sorted(d.id for d in jax.devices())
+    assert np.prod(list(mesh.shape.values())) == 8

@@ -1,0 +1,105 @@
+"""@jaxsmp.step: microbatching, loss scaling, remat, metrics, recompilation, bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsmp
+from conftest import leaves, next_token_loss, train
+from jaxsmp.train.precision import LossScale
+
+
+def sgd():
+    return optax.sgd(1.0)
+
+
+def test_microbatches_give_the_gradients_of_one_batch(tiny_config, tokens):
+    # With SGD(lr=1) and no clipping, parameter change == -gradient.
+    mesh = jaxsmp.Mesh(sdp=4, tp=2)
+    init = leaves(jaxsmp.init(tiny_config.build, sgd(), mesh))
+    one, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None)
+    four, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None, microbatches=4)
+    for p0, a, b in zip(init, leaves(one), leaves(four)):
+        np.testing.assert_allclose(p0 - b, p0 - a, atol=2e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["full", "save_matmuls", "offload"])
+def test_remat_policies_keep_gradients(tiny_config, tokens, policy):
+    mesh = jaxsmp.Mesh(sdp=8)
+    base, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None)
+    remat, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None, remat=policy)
+    for a, b in zip(leaves(base), leaves(remat)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_bf16_compute_tracks_fp32(tiny_config, tokens):
+    mesh = jaxsmp.Mesh(sdp=4, tp=2)
+    _, fp32 = train(tiny_config, mesh, tokens, steps=2)
+    state, bf16 = train(tiny_config, mesh, tokens, steps=2, precision="bf16")
+    np.testing.assert_allclose(bf16, fp32, rtol=2e-2)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))  # master copy
+
+
+def test_fp16_overflow_skips_the_step_and_keeps_parameters(tiny_config, tokens):
+    mesh = jaxsmp.Mesh(sdp=8)
+    state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), mesh,
+                        loss_scale=LossScale.create(initial=2.0 ** 24))  # overflows fp16
+    before = leaves(state)
+    train_step = jaxsmp.step(next_token_loss, precision="fp16")
+    state, metrics = train_step(state, {"tokens": tokens})
+    assert int(metrics["skipped"]) == 1
+    assert float(metrics["loss_scale"]) == 2.0 ** 23
+    for a, b in zip(before, leaves(state)):
+        np.testing.assert_array_equal(a, b)
+    for _ in range(20):  # the scale halves until gradients are finite, then it trains
+        state, metrics = train_step(state, {"tokens": tokens})
+        if not int(metrics["skipped"]):
+            break
+    assert int(metrics["skipped"]) == 0 and float(metrics["loss_scale"]) < 2.0 ** 23
+    assert any(not np.array_equal(a, b) for a, b in zip(before, leaves(state)))
+
+
+def test_metrics_and_no_recompilation(tiny_config, tokens):
+    mesh = jaxsmp.Mesh(sdp=4, tp=2)
+    tx = optax.inject_hyperparams(optax.adamw)(learning_rate=3e-4)
+    state = jaxsmp.init(tiny_config.build, tx, mesh)
+    train_step = jaxsmp.step(next_token_loss)
+    for _ in range(3):
+        state, metrics = train_step(state, {"tokens": tokens})
+    assert set(metrics) >= {"loss", "grad_norm", "learning_rate", "skipped"}
+    assert float(metrics["learning_rate"]) == pytest.approx(3e-4)
+    assert train_step._jitted(state)._cache_size() == 1
+    assert int(state.step) == 3
+
+
+def test_user_metrics_and_eval_step(tiny_config, tokens):
+    mesh = jaxsmp.Mesh(dp=2, sdp=4)
+
+    def loss_with_metrics(model, batch):
+        loss = next_token_loss(model, batch)
+        return loss, {"perplexity": jnp.exp(loss)}
+
+    state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), mesh)
+    evaluate = jaxsmp.eval_step(loss_with_metrics)
+    before = evaluate(state, {"tokens": tokens})
+    state, metrics = jaxsmp.step(loss_with_metrics)(state, {"tokens": tokens})
+    assert float(metrics["perplexity"]) == pytest.approx(np.exp(float(metrics["loss"])), rel=1e-5)
+    np.testing.assert_allclose(float(before["loss"]), float(metrics["loss"]), rtol=1e-5)
+    assert float(evaluate(state, {"tokens": tokens})["loss"]) < float(before["loss"])
+
+
+def test_batch_not_divisible_names_the_sizes(tiny_config, tokens):
+    state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), jaxsmp.Mesh(dp=2, sdp=4))
+    train_step = jaxsmp.step(next_token_loss, microbatches=4)
+    with pytest.raises(ValueError, match=r"global batch size 16 .* \(8\) x microbatches \(4\) = 32"):
+        train_step(state, {"tokens": tokens})
+
+
+def test_bad_step_options():
+    with pytest.raises(ValueError, match=r"unknown precision 'fp8'"):
+        jaxsmp.step(next_token_loss, precision="fp8")
+    with pytest.raises(ValueError, match=r"unknown remat policy 'some'"):
+        jaxsmp.step(next_token_loss, remat="some")
+    with pytest.raises(ValueError, match=r"microbatches must be a positive integer, got 0"):
+        jaxsmp.step(next_token_loss, microbatches=0)
