@@ -8,7 +8,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import collectives
 
-AXIS_NAMES = {"x": ((8,), ("x",), "x"), "ab": ((2, 4), ("a", "b"), ("a", "b"))}
+# key -> (mesh shape, mesh axis names, collective axis name, ranks along it)
+AXIS_NAMES = {"x": ((8,), ("x",), "x", 8), "ab": ((2, 4), ("a", "b"), ("a", "b"), 8),
+              "b": ((2, 4), ("a", "b"), "b", 4), "a": ((2, 4), ("a", "b"), "a", 2)}
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.int32]
 BASE = (3, 5, 7)  # odd per-rank shape
 
@@ -32,9 +34,8 @@ def compare(got, want, dtype):
 def check_against_xla(algorithm: str, mesh_key: str, axis: int, dtype, *,
                       topology=None, grads: bool = True) -> None:
     """all_gather and reduce_scatter with ``algorithm`` equal XLA's, values and gradients."""
-    shape, names, axis_name = AXIS_NAMES[mesh_key]
+    shape, names, axis_name, p = AXIS_NAMES[mesh_key]
     mesh = jax.make_mesh(shape, names)
-    p = int(np.prod(shape))
     rs_local = list(BASE)
     rs_local[axis] *= p
     spec = P(axis_name)

@@ -9,3 +9,8 @@ from collectives_checks import DTYPES, check_against_xla
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_a2a_matches_xla(mesh_key, axis, dtype):
     check_against_xla("a2a", mesh_key, axis, dtype)
+
+
+@pytest.mark.parametrize("mesh_key", ["b", "a"])
+def test_a2a_smaller_axes_match_xla(mesh_key):
+    check_against_xla("a2a", mesh_key, 2, jnp.float32)

@@ -34,3 +34,8 @@ def test_group_size_must_divide_axis():
                       in_specs=jax.P("x"), out_specs=jax.P("x"))
     with pytest.raises(ValueError, match="does not divide"):
         f(x)
+
+
+@pytest.mark.parametrize("mesh_key", ["b", "a"])
+def test_hierarchical_smaller_axes_match_xla(mesh_key):
+    check_against_xla("hierarchical", mesh_key, 2, jnp.float32, topology=Topology(2, 2))
