@@ -1,13 +1,14 @@
-"""One of N JAX processes on localhost (gloo CPU collectives), 4 devices each.
+"""One of N JAX processes on localhost (gloo CPU collectives), D devices each (default 4).
 
 Checks every algorithm's all_gather / reduce_scatter across the process boundary against
 numpy (values) and XLA (gradients), and the topology read from the real devices.
-Usage: multiprocess_worker.py PROCESS_ID NUM_PROCESSES PORT. Prints ``OK <id>``.
+Usage: multiprocess_worker.py PROCESS_ID NUM_PROCESSES PORT [D]. Prints ``OK <id>``.
 """
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+DEVICES = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -30,7 +31,7 @@ p = len(devices)
 mesh = Mesh(np.array(devices), ("x",))
 sharding = NamedSharding(mesh, P("x"))
 topo = Topology.for_mesh_axis(mesh, "x")
-assert topo == Topology(NPROC, 4) == Topology.from_devices(), topo
+assert topo == Topology(NPROC, DEVICES) == Topology.from_devices(), topo
 rng = np.random.default_rng(0)
 G = rng.standard_normal((p * 3, 5, 7)).astype(np.float32)        # all-gather inputs
 S = rng.standard_normal((p * 3, 5 * p, 7)).astype(np.float32)    # reduce-scatter inputs

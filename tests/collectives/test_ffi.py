@@ -36,9 +36,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _mpiexec(*args: str) -> str:
+def _mpiexec(*args: str, n: int = 4) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    run = subprocess.run([MPIEXEC, "-n", "4", sys.executable, str(WORKER), *args],
+    run = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(WORKER), *args],
                          capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
@@ -56,6 +56,12 @@ def test_mpiexec_jit_matches_numpy():
 @needs_mpi
 def test_mpiexec_shard_map_with_jax_distributed():
     assert _ok_ranks(_mpiexec("shard_map", str(_free_port()))) == [0, 1, 2, 3]
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_mpiexec_eight_processes():
+    assert _ok_ranks(_mpiexec("jit", n=8)) == list(range(8))
 
 
 @needs_mpi
