@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any, Mapping
 
@@ -12,8 +13,9 @@ from jaxsmp.checkpoint.tree import manifest
 from jaxsmp.train.state import TrainState
 
 FORMAT = "jaxsmp-checkpoint/1"
-# Config fields that choose how a model runs, not what its parameters are.
-RUNTIME_FIELDS = frozenset({"attention_impl"})
+# Config fields that choose how a model runs or is initialised, not what its saved
+# parameters mean; they may differ between the saving and the resuming run.
+RUNTIME_FIELDS = frozenset({"attention_impl", "init_std"})
 
 
 def describe_model(config: Any, *, family: str | None = None,
@@ -21,8 +23,9 @@ def describe_model(config: Any, *, family: str | None = None,
     """The model identity a checkpoint records and is checked against on restore:
     family, preset name and architecture config (a dataclass or mapping)."""
     fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-    return {"family": family, "preset": preset,
-            "config": {k: v for k, v in fields.items() if k not in RUNTIME_FIELDS}}
+    described = {"family": family, "preset": preset,
+                 "config": {k: v for k, v in fields.items() if k not in RUNTIME_FIELDS}}
+    return json.loads(json.dumps(described, default=str))  # as it reads back from disk
 
 
 def build_metadata(state: TrainState, step: int, model: Mapping | None,
