@@ -6,6 +6,7 @@ import os
 from typing import Literal, Mapping
 
 import jax
+import numpy as np
 
 from jaxsmp.checkpoint.errors import CheckpointExistsError, CheckpointNotFoundError
 from jaxsmp.checkpoint.metadata import build_metadata
@@ -16,6 +17,14 @@ from jaxsmp.train.state import TrainState
 
 ResumeMode = Literal["auto", "require", "never"]
 RESUME_MODES = ("auto", "require", "never")
+
+
+def step_of(state: TrainState) -> int:
+    """The state's step on this host (also when other processes hold devices)."""
+    step = state.step
+    if isinstance(step, jax.Array) and not step.is_fully_addressable:
+        step = step.addressable_data(0)
+    return int(np.asarray(step))
 
 
 class CheckpointManager:
@@ -54,7 +63,7 @@ class CheckpointManager:
         """Saves ``state`` if its step is due (or ``force``); returns whether it did.
         A step this manager already saved or restored is skipped; any other existing
         checkpoint of the same step is never overwritten (raises)."""
-        step = int(jax.device_get(state.step))
+        step = step_of(state)
         if step in self._current or not (force or self.should_save(step)):
             return False
         if step in self._store.all_steps():
