@@ -15,17 +15,7 @@ Llama 2 trains through the same code: ``--model llama --preset 7b``.
 """
 import sys
 
-from jaxsmp.trainer.config import parse_args
-
-
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_args(argv, model="bloom")
-    import jax  # after flags: the simulated device count must be set before JAX starts
-    jax.config.update("jax_num_cpu_devices", cfg.simulate_devices)
-    from jaxsmp.trainer import run
-    history = run(cfg)
-    print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")
-
+from jaxsmp.trainer.entry import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], model="bloom")

@@ -8,17 +8,7 @@ of the Python documentation bundled with every CPython. On a GPU cluster:
 """
 import sys
 
-from jaxsmp.trainer.config import parse_args
-
-
-def main(argv: list[str] | None = None) -> None:
-    cfg = parse_args(argv, model="gpt_neox")
-    from jaxsmp.simulated_devices import simulate_cpu_devices
-    simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
-    from jaxsmp.trainer import run
-    history = run(cfg)
-    print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")
-
+from jaxsmp.trainer.entry import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], model="gpt_neox")

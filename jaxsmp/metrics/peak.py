@@ -24,8 +24,8 @@ def _measured_peak(device: jax.Device, n: int = 1024, repeats: int = 5) -> float
 
 
 def peak_flops_per_device(device: jax.Device | None = None) -> tuple[float, str]:
-    """(FLOP/s, where the number came from) for ``device`` (default: the first)."""
-    device = device or jax.devices()[0]
+    """(FLOP/s, where the number came from) for ``device`` (default: this process's first)."""
+    device = device or jax.local_devices()[0]
     for name, peak in KNOWN_PEAKS.items():
         if name in device.device_kind:
             return peak, f"data sheet ({device.device_kind})"

@@ -16,6 +16,7 @@ from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
 from jaxsmp.mesh import Mesh
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
 from jaxsmp.models import preset
+from jaxsmp.train.batch import to_host
 from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import eval_step, step
 from jaxsmp.trainer.config import TrainConfig
@@ -76,7 +77,7 @@ def _postfix(metrics: dict, seconds: float, tokens: int, flops_per_token: float,
              devices: int, peak: float) -> dict:
     tps = tokens / seconds
     tflops = tps * flops_per_token / devices / 1e12
-    return {"loss": f"{float(metrics['loss']):.3f}", "tok/s": f"{tps:,.0f}",
+    return {"loss": f"{float(to_host(metrics['loss'])):.3f}", "tok/s": f"{tps:,.0f}",
             "TFLOP/s/dev": f"{tflops:.3g}", "MFU": f"{100 * tflops * 1e12 / peak:.1f}%"}
 
 
@@ -86,7 +87,7 @@ def run(cfg: TrainConfig) -> History:
     ckpt = checkpoints(cfg, model_cfg)
     if ckpt is not None:
         state = ckpt.resume(state, cfg.resume)
-    first = int(state.step)
+    first = int(to_host(state.step))
     extra = {"train_config": dataclasses.asdict(cfg)}
     tokenizer = ByteTokenizer()
     data = TokenBatches(tokenizer.encode(load_corpus(cfg.data)), cfg.batch_size, cfg.seq_len,
@@ -105,14 +106,14 @@ def run(cfg: TrainConfig) -> History:
     for i in bar:
         start = time.perf_counter()
         state, metrics = train_step(state, train_data.batch(i))
-        loss = float(metrics["loss"])  # waits for the step
+        loss = float(to_host(metrics["loss"]))  # waits for the step
         seconds = time.perf_counter() - start
         history.losses.append(loss)
         history.tokens_per_second.append(cfg.batch_size * cfg.seq_len / seconds)
         bar.set_postfix(_postfix(metrics, seconds, cfg.batch_size * cfg.seq_len,
                                  flops_per_token, len(jax.devices()), peak))
         if cfg.eval_every and ((i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps):
-            ev = np.mean([float(evaluate(state, eval_data.batch(j))["loss"])
+            ev = np.mean([float(to_host(evaluate(state, eval_data.batch(j))["loss"]))
                           for j in range(cfg.eval_batches)])
             history.eval_losses[i + 1] = float(ev)
             tqdm.write(f"step {i + 1}: train loss {loss:.3f}, eval loss {ev:.3f}")
