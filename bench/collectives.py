@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +82,8 @@ def _launch_local(nproc: int, devices: int, algos: list[str], ops: list[str], ma
 
 def _launch_mpi(nproc: int, algos: list[str], ops: list[str], max_bytes: int):
     from collectives.timing import free_port
-    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+    from collectives.ffi.build import find_mpiexec
+    mpiexec = find_mpiexec() or "mpiexec"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     cmd = [mpiexec, "-n", str(nproc), sys.executable, __file__, "--worker", "mpi", str(nproc),
            str(free_port()), "--devices", "1", "--algos", ",".join(algos), "--ops", ",".join(ops),

@@ -5,6 +5,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -34,13 +35,22 @@ def find_compiler() -> str:
 def find_mpi() -> tuple[Path, Path]:
     """(include dir with mpi.h, lib dir with libmpi.so): $MPI_HOME, then the Python prefix
     (the ``mpich`` wheel: ``pip install 'jaxsmp[mpi]'``), then /usr/local and /usr."""
-    roots = [os.environ.get("MPI_HOME"), sys.prefix, "/usr/local", "/usr"]
+    roots = [os.environ.get("MPI_HOME"), sys.prefix, site.getuserbase(), "/usr/local", "/usr"]
     for root in filter(None, roots):
         inc, lib = Path(root) / "include", Path(root) / "lib"
         if (inc / "mpi.h").exists() and (lib / "libmpi.so").exists():
             return inc, lib
-    raise BuildError("no MPI found (mpi.h and libmpi.so): pip install 'mpich>=4.2' "
+    raise BuildError("no MPI found (mpi.h and libmpi.so): pip install 'mpich>=4.1' "
                      "(the jaxsmp[mpi] extra) or set MPI_HOME")
+
+
+def find_mpiexec() -> str | None:
+    """``mpiexec`` next to this Python (the mpich wheel), in the user base, or on PATH."""
+    for where in (Path(sys.executable).parent, Path(site.getuserbase()) / "bin", None):
+        found = shutil.which("mpiexec", path=None if where is None else str(where))
+        if found:
+            return found
+    return None
 
 
 def _command(cxx: str, inc: Path, lib: Path, out: Path) -> list[str]:

@@ -1,7 +1,6 @@
 """The MPI FFI custom call: built with g++, run under mpiexec (mpich wheel), one device per process."""
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 from collectives.ffi import build
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
-MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+MPIEXEC = build.find_mpiexec()
 
 
 def _have_mpich() -> bool:
