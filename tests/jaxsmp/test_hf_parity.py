@@ -73,3 +73,21 @@ def test_trainer_state_from_hf_evaluates_hf_loss(saved, tokens):
                                                                     b["tokens"]))
     loss = float(evaluate(state, {"tokens": tokens})["loss"])
     assert abs(loss - want_loss) < 1e-5
+
+
+@pytest.mark.parametrize("family, variant", [
+    ("gpt_neox", dict(use_parallel_residual=False)),
+    ("bloom", dict(apply_residual_connection_post_layernorm=True)),
+    ("bloom", dict(hidden_size=96, n_head=6)),  # ALiBi slopes for a non-power-of-two
+    ("llama", dict(tie_word_embeddings=True)),
+], ids=["neox-sequential", "bloom-post-ln-residual", "bloom-6-heads", "llama-tied"])
+def test_architecture_variants_match(family, variant, tokens, tmp_path):
+    model = hf_model(family, seed=7, **variant)
+    model.save_pretrained(tmp_path)
+    want_logits, want_loss = hf_logits_and_loss(model, tokens)
+    config, graphdef, params = hf.load_params(tmp_path, jaxsmp.Mesh(sdp=8))
+    for key, value in variant.items():
+        assert getattr(config, key) == value
+    got = _logits(graphdef, params, tokens)
+    np.testing.assert_allclose(got, want_logits, atol=ATOL, rtol=RTOL)
+    assert abs(float(losses.next_token_loss(got, tokens)) - want_loss) < 1e-5
