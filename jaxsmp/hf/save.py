@@ -62,8 +62,14 @@ def _plan(entries: list[Entry], itemsize: int, max_shard_size: int) -> list[list
     return files
 
 
+@jax.jit
+def _layer(array: jax.Array, layer: jax.Array) -> jax.Array:
+    """One layer of a stack (the layer index is traced: one compile per shape)."""
+    return jax.lax.dynamic_index_in_dim(array, layer, keepdims=False)
+
+
 def _fetch(array: jax.Array, m: TensorMap, layer: int | None, dtype) -> np.ndarray:
-    value = np.asarray(jax.device_get(array[layer] if m.stacked else array))
+    value = np.asarray(jax.device_get(_layer(array, layer) if m.stacked else array))
     return np.ascontiguousarray(value.T if m.transpose else value).astype(dtype)
 
 
