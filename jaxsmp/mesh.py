@@ -59,7 +59,7 @@ class Mesh:
     tp: int | None = None
     pp: int | None = None
     devices: Sequence[jax.Device] | None = None
-    collectives: str = "xla"
+    collectives: str = "auto"
     jax_mesh: jax.sharding.Mesh = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -71,6 +71,29 @@ def _gather_bwd(dim, dtype, algorithm, dtype_carrier, cotangent):
 cast_and_gather.defvjp(_gather_fwd, _gather_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def cast_and_gather_bucket(shards: list[jax.Array], dims: tuple[int, ...], dtype,
+                           algorithm: str) -> list[jax.Array]:
+    """Like :func:`cast_and_gather` for many shards at once: one collective over one
+    flat buffer (``collectives.all_gather_tree``)."""
+    cast = [x.astype(dtype) for x in shards]
+    return collectives.all_gather_tree(cast, "sdp", list(dims), algorithm)
+
+
+def _bucket_fwd(shards, dims, dtype, algorithm):
+    return (cast_and_gather_bucket(shards, dims, dtype, algorithm),
+            [jnp.zeros((0,), x.dtype) for x in shards])
+
+
+def _bucket_bwd(dims, dtype, algorithm, dtype_carriers, cotangents):
+    summed = collectives.reduce_scatter_tree([c.astype(jnp.float32) for c in cotangents],
+                                             "sdp", list(dims), algorithm)
+    return ([s.astype(c.dtype) for s, c in zip(summed, dtype_carriers)],)
+
+
+cast_and_gather_bucket.defvjp(_bucket_fwd, _bucket_bwd)
+
+
 def gather_variable(var: nnx.Variable, dtype, algorithm: str) -> nnx.Variable:
     value = var[...]
     if not jnp.issubdtype(value.dtype, jnp.floating):
@@ -81,8 +104,29 @@ def gather_variable(var: nnx.Variable, dtype, algorithm: str) -> nnx.Variable:
     return var.replace(cast_and_gather(value, dim, dtype, algorithm))
 
 
+def _gather_bucketed(state: nnx.State, dtype, algorithm: str,
+                     select: Callable[[nnx.Variable], bool]) -> nnx.State:
+    variables, treedef = jax.tree.flatten(state, is_leaf=_is_var)
+    picked = [i for i, v in enumerate(variables) if select(v)
+              and jnp.issubdtype(v[...].dtype, jnp.floating)
+              and _sdp_dim(mesh_axes(v), v[...].ndim) is not None]
+    out = [gather_variable(v, dtype, algorithm) if select(v) and i not in picked else v
+           for i, v in enumerate(variables)]
+    if picked:
+        dims = tuple(_sdp_dim(mesh_axes(variables[i]), variables[i][...].ndim) for i in picked)
+        full = cast_and_gather_bucket([variables[i][...] for i in picked], dims, dtype,
+                                      algorithm)
+        for i, value in zip(picked, full):
+            out[i] = variables[i].replace(value)
+    return jax.tree.unflatten(treedef, out)
+
+
 def gather_tree(state: nnx.State, dtype, algorithm: str,
-                select: Callable[[nnx.Variable], bool] = lambda v: True) -> nnx.State:
-    """The selected parameters of ``state`` in ``dtype``, gathered over sdp."""
+                select: Callable[[nnx.Variable], bool] = lambda v: True,
+                bucket: bool = False) -> nnx.State:
+    """The selected parameters of ``state`` in ``dtype``, gathered over sdp: one
+    collective per parameter, or with ``bucket`` one for all of them."""
+    if bucket:
+        return _gather_bucketed(state, dtype, algorithm, select)
     return jax.tree.map(lambda v: gather_variable(v, dtype, algorithm) if select(v) else v,
                         state, is_leaf=_is_var)

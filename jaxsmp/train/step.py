@@ -38,12 +38,14 @@ class StepOptions:
     ``fp32``, ``bf16`` or ``fp16`` (dynamic loss scaling). ``remat``: ``none``,
     ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
     (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
-    mesh's)."""
+    mesh's). ``bucket``: gather each layer's parameters with one collective over
+    one flat buffer instead of one per parameter."""
     microbatches: int = 1
     precision: str = "fp32"
     remat: str = "none"
     clip_norm: float | None = 1.0
     collectives: str | None = None
+    bucket: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
@@ -69,8 +71,10 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
              options: StepOptions, algorithm: str) -> tuple[jax.Array, dict]:
     """The user's loss on local parameter shards, gathering them over sdp as needed."""
     dtype = precision_policy(options.precision).compute_dtype
-    top = gather_tree(params, dtype, algorithm, select=lambda v: not is_stacked(v))
-    ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm), remat=options.remat)
+    top = gather_tree(params, dtype, algorithm, select=lambda v: not is_stacked(v),
+                      bucket=options.bucket)
+    ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm, bucket=options.bucket),
+                       remat=options.remat)
     with layer_context(ctx):
         out = fn(nnx.merge(graphdef, top), batch)
     loss, metrics = out if isinstance(out, tuple) else (out, {})

@@ -15,7 +15,7 @@ class TrainConfig:
     tp: int = 1
     pp: int = 1
     simulate_devices: int = 8
-    collectives: str = "xla"
+    collectives: str = "auto"
     batch_size: int = 16
     seq_len: int = 128
     microbatches: int = 1
