@@ -73,8 +73,8 @@ def to_hf(src: Path, dst: Path, mesh, dtype: str, max_shard_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    import jax  # after flags: the simulated device count must be set before JAX starts
-    jax.config.update("jax_num_cpu_devices", args.simulate_devices)
+    from jaxsmp.simulated_devices import simulate_cpu_devices
+    simulate_cpu_devices(args.simulate_devices)  # before JAX starts; ignored on GPU/TPU
     import jaxsmp
     from jaxsmp import hf
     mesh = jaxsmp.Mesh(sdp=args.sdp, tp=args.tp)
