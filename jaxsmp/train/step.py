@@ -17,15 +17,20 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
+
+import collectives
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.remat import POLICIES
+from jaxsmp.pipeline.layout import inverse, permute_stacked
+from jaxsmp.pipeline.runner import Pipeline, virtual_layer_order
+from jaxsmp.pipeline.schedule import SCHEDULES
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
-from jaxsmp.train.param_gather import (MANUAL_AXES, gather_tree, is_stacked, manual_spec,
-                                       mesh_axes)
+from jaxsmp.train.param_gather import (MANUAL_AXES, PIPELINE_AXIS, gather_tree, is_stacked,
+                                       manual_spec, mesh_axes)
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
 
@@ -39,15 +44,25 @@ class StepOptions:
     ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
     (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
     mesh's). ``bucket``: gather each layer's parameters with one collective over
-    one flat buffer instead of one per parameter."""
+    one flat buffer instead of one per parameter. ``pipeline`` (when the mesh has
+    pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
+    stage) or ``interleaved`` (1F1B; not executable yet); then ``microbatches`` is
+    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
     microbatches: int = 1
     precision: str = "fp32"
     remat: str = "none"
     clip_norm: float | None = 1.0
     collectives: str | None = None
     bucket: bool = True
+    pipeline: str = "simple"
+    virtual_chunks: int = 2
 
     def __post_init__(self) -> None:
+        if self.pipeline not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {self.pipeline!r}; valid: {SCHEDULES}")
+        if not isinstance(self.virtual_chunks, int) or self.virtual_chunks < 1:
+            raise ValueError(f"virtual_chunks must be a positive integer, "
+                             f"got {self.virtual_chunks!r}")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {self.microbatches!r}")
         precision_policy(self.precision)
@@ -67,14 +82,35 @@ def _batch_specs(batch: Any) -> Any:
     return jax.tree.map(lambda x: batch_spec(x.ndim), batch)
 
 
+def _pipeline(mesh, options: StepOptions) -> Pipeline | None:
+    """The pipeline runner for ``pp`` > 1 (raises for schedules it cannot execute)."""
+    if mesh.pp == 1:
+        return None
+    chunks = options.virtual_chunks if options.pipeline == "virtual" else 1
+    return Pipeline(options.pipeline, mesh.pp, options.microbatches, chunks)
+
+
+def _manual_axes(mesh) -> set[str]:
+    return set(MANUAL_AXES) | ({PIPELINE_AXIS} if mesh.pp > 1 else set())
+
+
+def _layer_order(state: TrainState, pipeline: Pipeline | None):
+    """The stacked-layer permutation of the virtual schedule (None: stored order)."""
+    if pipeline is None or pipeline.chunks == 1:
+        return None
+    stacked = [v for v in jax.tree.leaves(state.params, is_leaf=_is_var) if is_stacked(v)]
+    return virtual_layer_order(stacked[0].shape[0], pipeline.stages, pipeline.chunks)
+
+
 def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
-             options: StepOptions, algorithm: str) -> tuple[jax.Array, dict]:
+             options: StepOptions, algorithm: str,
+             pipeline: Pipeline | None = None) -> tuple[jax.Array, dict]:
     """The user's loss on local parameter shards, gathering them over sdp as needed."""
     dtype = precision_policy(options.precision).compute_dtype
     top = gather_tree(params, dtype, algorithm, select=lambda v: not is_stacked(v),
                       bucket=options.bucket)
     ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm, bucket=options.bucket),
-                       remat=options.remat)
+                       remat=options.remat, pipeline=pipeline)
     with layer_context(ctx):
         out = fn(nnx.merge(graphdef, top), batch)
     loss, metrics = out if isinstance(out, tuple) else (out, {})
@@ -82,8 +118,11 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
 
 
 def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algorithm: str):
-    """The shard_map body: microbatch scan of forward + backward on local shards."""
-    m = options.microbatches
+    """The shard_map body: microbatch scan of forward + backward on local shards.
+    With pp > 1 the microbatches are the pipeline's: one forward + backward of the
+    whole local batch, split by the pipeline runner inside the layer stack."""
+    pipeline = _pipeline(state.mesh, options)
+    m = 1 if pipeline else options.microbatches
     norm = m * state.mesh.data_size
 
     def body(params: nnx.State, batch: Any, scale: jax.Array):
@@ -91,7 +130,8 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
 
         def micro(acc, mbatch):
             def scaled_loss(p):
-                loss, metrics = _forward(fn, state.graphdef, p, mbatch, options, algorithm)
+                loss, metrics = _forward(fn, state.graphdef, p, mbatch, options, algorithm,
+                                         pipeline)
                 return loss * scale / norm, (loss, metrics)
             grads, aux = jax.grad(scaled_loss, has_aux=True)(params)
             acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
@@ -145,11 +185,9 @@ def _apply(state: TrainState, grads: nnx.State, options: StepOptions):
     return new_state, metrics
 
 
-def _check_mesh(state: TrainState) -> None:
-    if state.mesh.pp > 1:
-        raise NotImplementedError(
-            f"pipeline parallelism is not implemented yet (mesh has pp={state.mesh.pp}); "
-            "use pp=1")
+def _check_mesh(state: TrainState, options: StepOptions) -> None:
+    """Fails early for pipeline settings the runner cannot execute."""
+    _layer_order(state, _pipeline(state.mesh, options))
 
 
 class TrainStep:
@@ -173,19 +211,25 @@ class TrainStep:
 
     def _step(self, state: TrainState, batch: Any):
         algorithm = self.options.collectives or state.mesh.collectives
+        collectives.set_topology_mesh(state.mesh.jax_mesh)  # host groups of sdp for auto
         body = _local_gradients(self.fn, state, self.options, algorithm)
         specs = _param_specs(state.params)
         dynamic = precision_policy(self.options.precision).loss_scaling
         scale = state.loss_scale.scale if dynamic else jnp.float32(1.0)
+        order = _layer_order(state, _pipeline(state.mesh, self.options))
+        params = state.params if order is None else permute_stacked(state.params, state.params,
+                                                                     order)
         grads, loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=set(MANUAL_AXES),
+            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
             in_specs=(specs, _batch_specs(batch), P()), out_specs=(specs, P(), P()),
-        )(state.params, batch, scale)
+        )(params, batch, scale)
+        if order is not None:
+            grads = permute_stacked(grads, state.params, inverse(order))
         new_state, update_metrics = _apply(state, grads, self.options)
         return new_state, {"loss": loss, **metrics, **update_metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        _check_mesh(state)
+        _check_mesh(state, self.options)
         batch = place_batch(batch, state.mesh, self.options.microbatches)
         return self._jitted(state)(state, batch)
 
@@ -205,22 +249,27 @@ class EvalStep:
 
     def _eval(self, state: TrainState, batch: Any) -> dict:
         algorithm = self.options.collectives or state.mesh.collectives
+        collectives.set_topology_mesh(state.mesh.jax_mesh)
+
+        # forward only: the stored (contiguous) layer order runs the GPipe schedule
+        pipeline = None if state.mesh.pp == 1 else Pipeline("simple", state.mesh.pp,
+                                                            self.options.microbatches)
 
         def body(params, batch):
             loss, metrics = _forward(self.fn, state.graphdef, params, batch, self.options,
-                                     algorithm)
+                                     algorithm, pipeline)
             mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
             return mean(loss), jax.tree.map(mean, metrics)
 
         loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=set(MANUAL_AXES),
+            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
             in_specs=(_param_specs(state.params), _batch_specs(batch)), out_specs=(P(), P()),
         )(state.params, batch)
         return {"loss": loss, **metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
-        _check_mesh(state)
-        return self._jit(state, place_batch(batch, state.mesh, 1))
+        microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
+        return self._jit(state, place_batch(batch, state.mesh, microbatches))
 
 
 def step(fn: LossFn | None = None, **options: Any):
