@@ -2,7 +2,6 @@
 embeddings."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -11,11 +10,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 import pallas_kernels
-from jaxsmp.nn import Embed, LayerNorm, Linear, Stack
+from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn import Embed, LayerNorm, Stack
+from jaxsmp.nn.fused_qkv import FusedQKVAttention
+from jaxsmp.nn.gelu_mlp import GeluMLP
 
 
 @dataclass(frozen=True)
-class BloomConfig:
+class BloomConfig(ModelConfig):
     """Architecture hyper-parameters; field names follow Hugging Face's BloomConfig
     (``n_layer``, ``n_head``; the MLP is always 4 x hidden)."""
     vocab_size: int
@@ -50,45 +52,18 @@ class BloomConfig:
     def intermediate_size(self) -> int:
         return 4 * self.hidden_size
 
-    def replace(self, **changes) -> "BloomConfig":
-        return dataclasses.replace(self, **changes)
 
-    def build(self, rngs: nnx.Rngs) -> "Bloom":
-        return Bloom(self, rngs=rngs)
-
-
-class Attention(nnx.Module):
-    """Fused QKV laid out [heads, 3, head_dim] (HF Bloom), ALiBi causal attention."""
+class Attention(FusedQKVAttention):
+    """Fused QKV, ALiBi biases from per-head slopes, causal attention."""
 
     def __init__(self, cfg: BloomConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.query_key_value = Linear(d, 3 * d, in_axis="embed", out_axis="heads",
-                                      rngs=rngs, init_std=cfg.init_std)
-        self.dense = Linear(d, d, in_axis="heads", out_axis="embed", rngs=rngs,
-                            init_std=cfg.init_std)
+        super().__init__(cfg.hidden_size, cfg.n_head, attention_impl=cfg.attention_impl,
+                         init_std=cfg.init_std, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        b, s, _ = x.shape
-        cfg = self.cfg
-        qkv = self.query_key_value(x).reshape(b, s, cfg.n_head, 3, cfg.head_dim)
-        q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
-        slopes = jnp.asarray(pallas_kernels.alibi_slopes(cfg.n_head))
-        out = pallas_kernels.attention(q, k, v, causal=True, alibi_slopes=slopes,
-                                       impl=cfg.attention_impl)
-        return self.dense(out.reshape(b, s, cfg.hidden_size))
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: BloomConfig, *, rngs: nnx.Rngs):
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        self.dense_h_to_4h = Linear(d, f, in_axis="embed", out_axis="mlp", rngs=rngs,
-                                    init_std=cfg.init_std)
-        self.dense_4h_to_h = Linear(f, d, in_axis="mlp", out_axis="embed", rngs=rngs,
-                                    init_std=cfg.init_std)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.dense_4h_to_h(jax.nn.gelu(self.dense_h_to_4h(x), approximate=True))
+        q, k, v = self.qkv(x)
+        slopes = jnp.asarray(pallas_kernels.alibi_slopes(self.heads))
+        return self.attend(q, k, v, alibi_slopes=slopes)
 
 
 class Layer(nnx.Module):
@@ -98,7 +73,8 @@ class Layer(nnx.Module):
         self.input_layernorm = LayerNorm(cfg.hidden_size, eps=eps, rngs=rngs)
         self.self_attention = Attention(cfg, rngs=rngs)
         self.post_attention_layernorm = LayerNorm(cfg.hidden_size, eps=eps, rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = GeluMLP(cfg.hidden_size, cfg.intermediate_size, approximate=True,
+                           init_std=cfg.init_std, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.input_layernorm(x)
@@ -123,6 +99,9 @@ class Bloom(nnx.Module):
         x = self.word_embeddings_layernorm(self.word_embeddings(tokens))
         x = self.h(x)
         return self.word_embeddings.attend(self.ln_f(x)).astype(jnp.float32)
+
+
+BloomConfig.model_class = Bloom
 
 
 def _bloom(vocab: int, d: int, layers: int, heads: int, **kw) -> BloomConfig:

@@ -1,19 +1,20 @@
 """GPT-NeoX (EleutherAI): partial rotary, parallel residual, LayerNorm, GeLU, untied embeddings."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import pallas_kernels
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.nn import Embed, LayerNorm, Linear, Stack, apply_rotary, rotary_tables
+from jaxsmp.nn.fused_qkv import FusedQKVAttention
+from jaxsmp.nn.gelu_mlp import GeluMLP
 
 
 @dataclass(frozen=True)
-class GPTNeoXConfig:
+class GPTNeoXConfig(ModelConfig):
     """Architecture hyper-parameters; field names follow Hugging Face's GPTNeoXConfig."""
     vocab_size: int
     hidden_size: int
@@ -41,44 +42,17 @@ class GPTNeoXConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.rotary_pct)
 
-    def replace(self, **changes) -> "GPTNeoXConfig":
-        return dataclasses.replace(self, **changes)
 
-    def build(self, rngs: nnx.Rngs) -> "GPTNeoX":
-        return GPTNeoX(self, rngs=rngs)
-
-
-class Attention(nnx.Module):
-    """Fused QKV (laid out [heads, 3, head_dim] like HF), rotary, causal attention."""
+class Attention(FusedQKVAttention):
+    """Fused QKV, rotary on ``rotary_pct`` of each head, causal attention."""
 
     def __init__(self, cfg: GPTNeoXConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        d = cfg.hidden_size
-        self.query_key_value = Linear(d, 3 * d, in_axis="embed", out_axis="heads",
-                                      rngs=rngs, init_std=cfg.init_std)
-        self.dense = Linear(d, d, in_axis="heads", out_axis="embed", rngs=rngs,
-                            init_std=cfg.init_std)
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads,
+                         attention_impl=cfg.attention_impl, init_std=cfg.init_std, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-        b, s, _ = x.shape
-        cfg = self.cfg
-        qkv = self.query_key_value(x).reshape(b, s, cfg.num_attention_heads, 3, cfg.head_dim)
-        q, k, v = qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = pallas_kernels.attention(q, k, v, causal=True, impl=cfg.attention_impl)
-        return self.dense(out.reshape(b, s, cfg.hidden_size))
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: GPTNeoXConfig, *, rngs: nnx.Rngs):
-        d, f = cfg.hidden_size, cfg.intermediate_size
-        self.dense_h_to_4h = Linear(d, f, in_axis="embed", out_axis="mlp", rngs=rngs,
-                                    init_std=cfg.init_std)
-        self.dense_4h_to_h = Linear(f, d, in_axis="mlp", out_axis="embed", rngs=rngs,
-                                    init_std=cfg.init_std)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.dense_4h_to_h(jax.nn.gelu(self.dense_h_to_4h(x), approximate=False))
+        q, k, v = self.qkv(x)
+        return self.attend(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
 
 
 class Layer(nnx.Module):
@@ -88,7 +62,8 @@ class Layer(nnx.Module):
         self.post_attention_layernorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps,
                                                   rngs=rngs)
         self.attention = Attention(cfg, rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = GeluMLP(cfg.hidden_size, cfg.intermediate_size, approximate=False,
+                           init_std=cfg.init_std, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         attn = self.attention(self.input_layernorm(x), cos, sin)
@@ -120,6 +95,9 @@ class GPTNeoX(nnx.Module):
         x = self.embed_in(tokens)
         x = self.layers(x, cos, sin)
         return self.embed_out(self.final_layer_norm(x)).astype(jnp.float32)
+
+
+GPTNeoXConfig.model_class = GPTNeoX
 
 
 def _neox(vocab: int, d: int, layers: int, heads: int, **kw) -> GPTNeoXConfig:

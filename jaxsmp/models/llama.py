@@ -1,7 +1,6 @@
 """Llama 2 (Meta): RMSNorm, SwiGLU, rotary, grouped-query attention, untied embeddings."""
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -9,11 +8,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 import pallas_kernels
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_tables
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(ModelConfig):
     """Architecture hyper-parameters; field names follow Hugging Face's LlamaConfig.
     ``num_key_value_heads`` < ``num_attention_heads`` is grouped-query attention
     (``None``: as many as the query heads)."""
@@ -49,12 +49,6 @@ class LlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    def replace(self, **changes) -> "LlamaConfig":
-        return dataclasses.replace(self, **changes)
-
-    def build(self, rngs: nnx.Rngs) -> "Llama":
-        return Llama(self, rngs=rngs)
 
 
 class Attention(nnx.Module):
@@ -133,6 +127,9 @@ class Llama(nnx.Module):
         x = self.norm(x)
         logits = self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
         return logits.astype(jnp.float32)
+
+
+LlamaConfig.model_class = Llama
 
 
 def _llama(vocab: int, d: int, layers: int, heads: int, ffn: int, **kw) -> LlamaConfig:
