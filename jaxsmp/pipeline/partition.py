@@ -1,0 +1,171 @@
+"""Automated partitioning of a layer sequence into contiguous pipeline stages.
+
+Each layer's cost comes from XLA: compiled FLOPs and bytes accessed
+(``cost_analysis``) give a roofline time; parameter bytes and the compiled
+forward's activation bytes give memory. The embedding (if given) is charged to the
+first stage and the head to the last. The split is the contiguous one that
+minimises the largest stage time (``optimize="speed"``) or stage memory
+(``optimize="memory"``); ``manual`` layer counts override it.
+
+Planning only: the SPMD runner (:mod:`jaxsmp.pipeline.runner`) executes equal
+splits of a homogeneous :class:`~jaxsmp.nn.Stack` (the ``layers -> pp`` rule);
+unequal splits would need padding stages to equal layer counts, which is not built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+OPTIMIZE = ("speed", "memory")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    flops: float
+    bytes_accessed: float
+    param_bytes: int
+    activation_bytes: int
+    output: Any  # abstract output, the next layer's input
+
+    def time(self, flops_per_s: float, bytes_per_s: float) -> float:
+        """Roofline estimate in seconds."""
+        return max(self.flops / flops_per_s, self.bytes_accessed / bytes_per_s)
+
+
+def _nbytes(tree: Any) -> int:
+    return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def layer_cost(layer: Callable, x: Any) -> LayerCost:
+    """Compiled cost of ``layer(x)`` (an ``nnx.Module`` or a plain function)."""
+    if isinstance(layer, nnx.Module):
+        graphdef, state = nnx.split(layer)
+        fn = lambda s, v: nnx.merge(graphdef, s)(v)  # noqa: E731
+    else:
+        state, fn = {}, lambda s, v: layer(v)  # noqa: E731
+    abstract_x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), x)
+    compiled = jax.jit(fn).lower(state, abstract_x).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    memory = compiled.memory_analysis()
+    out = jax.eval_shape(fn, state, abstract_x)
+    activations = _nbytes(out) + int(getattr(memory, "temp_size_in_bytes", 0) or 0)
+    return LayerCost(flops=float(cost.get("flops", 0.0)),
+                     bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+                     param_bytes=_nbytes(state), activation_bytes=activations, output=out)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """``counts[s]`` layers on stage ``s``; predicted time and memory per stage and
+    per layer (embedding charged to the first layer, head to the last)."""
+    counts: tuple[int, ...]
+    layer_time: tuple[float, ...]
+    layer_memory: tuple[int, ...]
+    stage_time: tuple[float, ...]
+    stage_memory: tuple[int, ...]
+    optimize: str
+    manual: bool
+
+    @property
+    def balance(self) -> float:
+        """Largest over mean stage load of the optimised quantity (1.0: perfect)."""
+        load = self.stage_time if self.optimize == "speed" else self.stage_memory
+        return max(load) / (sum(load) / len(load))
+
+    @property
+    def equal(self) -> bool:
+        return len(set(self.counts)) == 1
+
+    def __str__(self) -> str:
+        how = "manual" if self.manual else f"optimize={self.optimize!r}"
+        lines = [f"pipeline partition ({how}): layers per stage {list(self.counts)}, "
+                 f"predicted balance {self.balance:.3f} (max/mean)"]
+        for s, (n, t, m) in enumerate(zip(self.counts, self.stage_time, self.stage_memory)):
+            lines.append(f"  stage {s}: {n} layers, {t * 1e6:.2f} us, {m / 2**20:.2f} MiB")
+        return "\n".join(lines)
+
+
+def _bounds(loads: Sequence[float], stages: int) -> tuple[int, ...]:
+    """Layer counts of the contiguous split minimising the largest stage load."""
+    n = len(loads)
+    prefix = np.concatenate([[0.0], np.cumsum(loads)])
+    best = np.full((stages + 1, n + 1), np.inf)
+    cut = np.zeros((stages + 1, n + 1), dtype=int)
+    best[0, 0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                cost = max(best[s - 1, j], prefix[i] - prefix[j])
+                if cost < best[s, i]:
+                    best[s, i], cut[s, i] = cost, j
+    counts, i = [], n
+    for s in range(stages, 0, -1):
+        counts.append(i - cut[s, i])
+        i = cut[s, i]
+    return tuple(int(c) for c in reversed(counts))
+
+
+def _check_manual(manual: Sequence[int], layers: int, stages: int) -> tuple[int, ...]:
+    counts = tuple(manual)
+    if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) \
+            or sum(counts) != layers:
+        raise ValueError(
+            f"manual partition {list(counts)} must give each of the {stages} stages at "
+            f"least one layer and sum to the {layers} layers")
+    return counts
+
+
+def _stage_sums(values: Sequence[float], counts: Sequence[int]) -> list[float]:
+    edges = np.concatenate([[0], np.cumsum(counts)])
+    return [float(sum(values[a:b])) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def partition(layers: Sequence[Callable], x: Any, stages: int, *,
+              embed: Callable | None = None, head: Callable | None = None,
+              optimize: str = "speed", manual: Sequence[int] | None = None,
+              flops_per_s: float = 1e12, bytes_per_s: float = 1e11,
+              verbose: bool = True) -> Partition:
+    """Splits ``layers`` (applied in order to ``x``, or to ``embed(x)``) into
+    ``stages`` contiguous stages; prints the split unless ``verbose=False``."""
+    if optimize not in OPTIMIZE:
+        raise ValueError(f"optimize must be one of {OPTIMIZE}, got {optimize!r}")
+    if not 1 <= stages <= len(layers):
+        raise ValueError(f"cannot split {len(layers)} layers into {stages} stages")
+    extra: list[LayerCost] = []
+    if embed is not None:
+        extra.append(layer_cost(embed, x))
+        x = extra[0].output
+    costs = []
+    for layer in layers:
+        costs.append(layer_cost(layer, x))
+        x = costs[-1].output
+    tail = layer_cost(head, x) if head is not None else None
+    times = [c.time(flops_per_s, bytes_per_s) for c in costs]
+    memory = [c.param_bytes + c.activation_bytes for c in costs]
+    first = [(c.time(flops_per_s, bytes_per_s), c.param_bytes + c.activation_bytes)
+             for c in extra]
+    last = [] if tail is None else [(tail.time(flops_per_s, bytes_per_s),
+                                     tail.param_bytes + tail.activation_bytes)]
+    # embedding and head pinned to the ends: charge them to the first / last layer
+    load_t, load_m = list(times), list(memory)
+    for t, m in first:
+        load_t[0] += t
+        load_m[0] += m
+    for t, m in last:
+        load_t[-1] += t
+        load_m[-1] += m
+    if manual is not None:
+        counts = _check_manual(manual, len(layers), stages)
+    else:
+        counts = _bounds(load_t if optimize == "speed" else load_m, stages)
+    result = Partition(counts, tuple(load_t), tuple(load_m), tuple(_stage_sums(load_t, counts)),
+                       tuple(int(v) for v in _stage_sums(load_m, counts)),
+                       optimize, manual is not None)
+    if verbose:
+        print(result)
+    return result
