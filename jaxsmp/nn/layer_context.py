@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from flax import nnx
 
@@ -23,6 +23,9 @@ def _identity(state: nnx.State) -> nnx.State:
 class LayerContext:
     gather: Callable[[nnx.State], nnx.State] = _identity
     remat: str = "none"
+    # With pp > 1: ``pipeline(run, x, params, args)`` runs the stage's local layers in
+    # a pipeline schedule (see jaxsmp.pipeline.runner.Pipeline); None: a plain scan.
+    pipeline: Callable[..., Any] | None = None
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

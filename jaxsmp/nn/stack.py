@@ -3,7 +3,9 @@
 Compile time does not grow with depth. At the top of the scan body the layer's
 parameters pass through the step's ``gather`` (the ZeRO-3 all-gather over
 ``sdp``); the body is wrapped in the step's remat policy, so the gather is
-repeated in the backward pass rather than keeping gathered weights alive.
+repeated in the backward pass rather than keeping gathered weights alive. With
+pipeline parallelism the step's ``pipeline`` runs the stage's local layers inside a
+schedule over ``pp`` (:mod:`jaxsmp.pipeline.runner`).
 """
 from __future__ import annotations
 
@@ -37,9 +39,13 @@ class Stack(nnx.Module):
         graphdef, params = nnx.split(self.layers)
         ctx = current_layer_context()
 
-        def body(carry: jax.Array, layer_params: nnx.State) -> tuple[jax.Array, None]:
-            layer = nnx.merge(graphdef, ctx.gather(layer_params))
-            return layer(carry, *args), None
+        def run(h: jax.Array, layer_params: nnx.State, layer_args) -> jax.Array:
+            def body(carry: jax.Array, one: nnx.State) -> tuple[jax.Array, None]:
+                layer = nnx.merge(graphdef, ctx.gather(one))
+                return layer(carry, *layer_args), None
+            h, _ = jax.lax.scan(remat(body, ctx.remat), h, layer_params)
+            return h
 
-        x, _ = jax.lax.scan(remat(body, ctx.remat), x, params)
-        return x
+        if ctx.pipeline is None:
+            return run(x, params, args)
+        return ctx.pipeline(run, x, params, args)

@@ -19,7 +19,7 @@ MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
 
 DEFAULT_RULES: dict[str, MeshAxes] = {
-    "layers": None,      # the stacked-layer axis (pipeline stages split it)
+    "layers": "pp",      # the stacked-layer axis: each pipeline stage a contiguous block
     "embed": "sdp",      # model width: ZeRO-3 shards it
     "heads": "tp",       # fused q/k/v heads x head_dim: column-parallel
     "kv_heads": "tp",    # grouped key/value heads

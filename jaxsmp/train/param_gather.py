@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 import collectives
 
 MANUAL_AXES = ("dp", "sdp")
+PIPELINE_AXIS = "pp"  # also manual in the step's shard_map when pp > 1
 
 
 def _is_var(x) -> bool:
@@ -44,10 +45,10 @@ def _sdp_dim(axes: tuple, ndim: int) -> int | None:
 
 
 def manual_spec(axes: tuple) -> P:
-    """The ``shard_map`` spec of a parameter: only its manual (data) axes."""
+    """The ``shard_map`` spec of a parameter: only its manual (data, pipeline) axes."""
     def keep(dim):
         names = (dim,) if isinstance(dim, str) else (dim or ())
-        kept = tuple(a for a in names if a in MANUAL_AXES)
+        kept = tuple(a for a in names if a in MANUAL_AXES + (PIPELINE_AXIS,))
         return kept[0] if len(kept) == 1 else (kept or None)
     return P(*[keep(d) for d in axes])
 
