@@ -37,3 +37,34 @@ def _check(config, tokens, reference, degrees, **options):
 ], ids=["pp2-sdp4-simple", "pp4-sdp2-simple", "pp2-sdp2-tp2-virtual"])
 def test_pipeline_matches_single_device(config, tokens, reference, degrees, options):
     _check(config, tokens, reference, degrees, **options)
+
+
+@pytest.fixture(scope="module")
+def pp4_state(config):
+    import optax
+    return jaxsmp.init(config.build, optax.adamw(1e-3), jaxsmp.Mesh(pp=4, sdp=2))
+
+
+def test_virtual_needs_enough_microbatches(pp4_state, tokens):
+    step = jaxsmp.step(lambda m, b: m(b["tokens"]).mean(), microbatches=2, pipeline="virtual")
+    with pytest.raises(ValueError, match="needs microbatches >= stages"):
+        step(pp4_state, {"tokens": tokens})
+
+
+def test_virtual_chunks_must_divide_layers(pp4_state, tokens):
+    step = jaxsmp.step(lambda m, b: m(b["tokens"]).mean(), microbatches=4, pipeline="virtual",
+                       virtual_chunks=2)  # 4 layers cannot make 4 stages x 2 chunks
+    with pytest.raises(ValueError, match="divisible into pp x chunks"):
+        step(pp4_state, {"tokens": tokens})
+
+
+def test_layers_must_divide_into_stages(config):
+    import optax
+    with pytest.raises(ValueError, match="'layers' of size 6 is not divisible by mesh axes"):
+        jaxsmp.init(config.replace(num_hidden_layers=6).build, optax.adamw(1e-3),
+                    jaxsmp.Mesh(pp=4, sdp=2))
+
+
+def test_unknown_pipeline_option():
+    with pytest.raises(ValueError, match="unknown pipeline schedule"):
+        jaxsmp.step(lambda m, b: 0.0, pipeline="1f1b")

@@ -1,0 +1,154 @@
+"""Pipeline parallelism on 8 simulated CPU devices: throughput, memory, bubble.
+
+1. Training: the same GPT-NeoX (tiny preset, 8 layers) and global batch with
+   pp=1 (sdp=8), pp=2 (sdp=4) and pp=4 (sdp=2) for every executable schedule;
+   median tokens/s after warm-up and per-device peak memory from the compiled
+   step's memory_analysis (arguments + outputs + temporaries - aliased).
+2. Bubble: the pipelined stack's forward+backward (runner over ``pp`` with p
+   devices) against the same per-stage work without the pipeline (each stage
+   runs its m*v microbatch-chunks back to back, no bubble, no transfers). The
+   measured idle fraction is ``1 - t_useful / t_pipelined``; the formula is
+   ``(p-1) / (m*v + p-1)``. Stages run in lock-step (SPMD), so it is one number
+   for every stage.
+
+Simulated devices share the host's cores, so tokens/s does not show the speed-up
+of real pipeline stages running concurrently; the memory and bubble columns do.
+
+    python bench/pipeline.py [--steps 5] [--microbatches 8]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxsmp  # noqa: E402
+from jaxsmp.pipeline import Pipeline  # noqa: E402
+
+SEQ, BATCH = 128, 32
+
+
+def loss_fn(model, batch):
+    return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
+
+
+def _peak_bytes(memory) -> int:
+    return (memory.argument_size_in_bytes + memory.output_size_in_bytes
+            + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+
+
+def train_row(config, pp: int, schedule: str, microbatches: int, steps: int) -> dict:
+    mesh = jaxsmp.Mesh(pp=pp)
+    state = jaxsmp.init(config.build, optax.adamw(1e-3), mesh)
+    options = dict(microbatches=microbatches if pp > 1 else 1)
+    if pp > 1:
+        options.update(pipeline=schedule, virtual_chunks=2)
+    train_step = jaxsmp.step(loss_fn, **options)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (BATCH, SEQ), np.int32)
+    batch = {"tokens": tokens}
+    memory = train_step.lower(state, batch).compile().memory_analysis()
+    times = []
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        state, metrics = train_step(state, batch)
+        jax.block_until_ready(metrics["loss"])
+        times.append(time.perf_counter() - start)
+    return dict(pp=pp, sdp=mesh.sdp, schedule=schedule if pp > 1 else "-",
+                m=options["microbatches"], loss=float(metrics["loss"]),
+                tokens_per_s=BATCH * SEQ / statistics.median(times[1:]),
+                peak_mib=_peak_bytes(memory) / 2**20)
+
+
+def _mlp_run(h, w, _args):
+    def layer(x, wi):
+        return x + jnp.tanh(x @ wi), None
+    return jax.lax.scan(layer, h, w)[0]
+
+
+def _timed(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 256, rows: int = 64,
+               repeats: int = 5) -> dict:
+    """Measured idle fraction of the pipelined stack vs the same work without bubble."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("pp",))
+    schedule = "virtual" if v > 1 else "simple"
+    pipeline = Pipeline(schedule, p, m, v)
+    w = jax.random.normal(jax.random.key(0), (layers, d, d)) / np.sqrt(d)
+    x = jax.random.normal(jax.random.key(1), (m * rows, d))
+
+    def pipelined(w, x):
+        return jnp.sum(pipeline(_mlp_run, x, w, ()) ** 2)
+
+    def useful(w, x):  # each stage: its m*v chunk-microbatches back to back
+        xs = jax.lax.pcast(x.reshape(m, rows, d), ("pp",), to="varying")
+        n = w.shape[0] // v
+
+        def item(total, k):
+            chunk = jax.lax.dynamic_slice_in_dim(w, (k // m) * n, n, 0)
+            return total + jnp.sum(_mlp_run(xs[k % m], chunk, ()) ** 2), None
+        total = jax.lax.scan(item, jnp.zeros((), x.dtype), jnp.arange(m * v))[0]
+        return jax.lax.psum(total, "pp")
+
+    def timed_grad(f):
+        g = jax.jit(jax.shard_map(jax.grad(f, argnums=(0, 1)), mesh=mesh,
+                                  in_specs=(P("pp"), P()), out_specs=(P("pp"), P())))
+        return _timed(g, w, x, repeats=repeats)
+
+    t_pipe, t_useful = timed_grad(pipelined), timed_grad(useful)
+    return dict(p=p, v=v, m=m, ticks=pipeline.ticks, t_pipe_ms=t_pipe * 1e3,
+                t_useful_ms=t_useful * 1e3, measured=1 - t_useful / t_pipe,
+                formula=(p - 1) / (m * v + p - 1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--microbatches", type=int, default=8)
+    args = parser.parse_args()
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=8,
+                                  attention_impl="reference")
+    runs = [(1, "simple")] + [(p, s) for p in (2, 4) for s in ("simple", "virtual")]
+    print(f"GPT-NeoX tiny, 8 layers, global batch {BATCH}x{SEQ} tokens, "
+          f"{jax.device_count()} simulated devices\n")
+    print("| pp | sdp | schedule | microbatches | tokens/s | peak MiB/device | loss |")
+    print("|---|---|---|---|---|---|---|")
+    for pp, schedule in runs:
+        r = train_row(config, pp, schedule, args.microbatches, args.steps)
+        print(f"| {r['pp']} | {r['sdp']} | {r['schedule']} | {r['m']} | "
+              f"{r['tokens_per_s']:.0f} | {r['peak_mib']:.1f} | {r['loss']:.4f} |", flush=True)
+    print("\nBubble: pipelined stack fwd+bwd vs the same work without bubble "
+          "(8 MLP layers, d=256)\n")
+    print("| p | v | m | ticks | pipelined ms | no-bubble ms | measured idle | "
+          "formula (p-1)/(mv+p-1) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p, v, m in [(2, 1, 4), (2, 1, 8), (4, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 4),
+                    (4, 2, 8)]:
+        r = bubble_row(p, v, m)
+        print(f"| {p} | {v} | {m} | {r['ticks']} | {r['t_pipe_ms']:.1f} | "
+              f"{r['t_useful_ms']:.1f} | {r['measured']:.3f} | {r['formula']:.3f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
