@@ -67,12 +67,9 @@ class Pipeline:
     def __post_init__(self) -> None:
         check_microbatches(self.schedule, self.stages, self.microbatches)
         if self.schedule not in EXECUTABLE:
-            raise NotImplementedError(
-                f"pipeline schedule {self.schedule!r} (1F1B) cannot be executed: it needs "
-                "each microbatch's loss and head backward between stage backwards, which "
-                "the Stack seam does not expose (the model runs embedding, stack and head "
-                "in one forward). Its table and simulator exist "
-                "(jaxsmp.pipeline.make_schedule); execute 'simple' or 'virtual'.")
+            raise ValueError(
+                f"Pipeline runs the autodiff schedules {EXECUTABLE}; {self.schedule!r} (1F1B) "
+                "is driven by jaxsmp.pipeline.one_f_one_b.gradients (the step does this)")
         if self.schedule == "simple" and self.chunks != 1:
             raise ValueError(f"'simple' has one chunk per stage; got chunks={self.chunks}")
 

@@ -24,9 +24,10 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.remat import POLICIES
+from jaxsmp.pipeline import one_f_one_b
 from jaxsmp.pipeline.layout import inverse, permute_stacked
 from jaxsmp.pipeline.runner import Pipeline, virtual_layer_order
-from jaxsmp.pipeline.schedule import SCHEDULES
+from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
 from jaxsmp.train.param_gather import (MANUAL_AXES, PIPELINE_AXIS, gather_tree, is_stacked,
@@ -46,7 +47,7 @@ class StepOptions:
     mesh's). ``bucket``: gather each layer's parameters with one collective over
     one flat buffer instead of one per parameter. ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
-    stage) or ``interleaved`` (1F1B; not executable yet); then ``microbatches`` is
+    stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
     the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
     microbatches: int = 1
     precision: str = "fp32"
@@ -83,8 +84,12 @@ def _batch_specs(batch: Any) -> Any:
 
 
 def _pipeline(mesh, options: StepOptions) -> Pipeline | None:
-    """The pipeline runner for ``pp`` > 1 (raises for schedules it cannot execute)."""
+    """The autodiff pipeline runner for ``pp`` > 1 (None for pp=1 and for 1F1B, which
+    :func:`_one_f_one_b_body` drives itself)."""
     if mesh.pp == 1:
+        return None
+    if options.pipeline == "interleaved":
+        check_microbatches(options.pipeline, mesh.pp, options.microbatches)
         return None
     chunks = options.virtual_chunks if options.pipeline == "virtual" else 1
     return Pipeline(options.pipeline, mesh.pp, options.microbatches, chunks)
@@ -121,6 +126,8 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
     """The shard_map body: microbatch scan of forward + backward on local shards.
     With pp > 1 the microbatches are the pipeline's: one forward + backward of the
     whole local batch, split by the pipeline runner inside the layer stack."""
+    if state.mesh.pp > 1 and options.pipeline == "interleaved":
+        return _one_f_one_b_body(fn, state, options, algorithm)
     pipeline = _pipeline(state.mesh, options)
     m = 1 if pipeline else options.microbatches
     norm = m * state.mesh.data_size
@@ -142,6 +149,25 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
         grads = jax.lax.psum(acc, "dp")
         mean = lambda x: jax.lax.pmean(x.mean(), MANUAL_AXES)  # noqa: E731
         return grads, mean(losses), jax.tree.map(mean, metrics)
+    return body
+
+
+def _one_f_one_b_body(fn: LossFn, state: TrainState, options: StepOptions, algorithm: str):
+    """The shard_map body for the ``interleaved`` (1F1B) schedule."""
+    m = options.microbatches
+    norm = m * state.mesh.data_size
+
+    def body(params: nnx.State, batch: Any, scale: jax.Array):
+        params = jax.lax.pcast(params, "dp", to="varying")  # one dp-sum at the end
+
+        def forward(p, b, hook):
+            return _forward(fn, state.graphdef, p, b, options, algorithm, hook)
+        grads, loss, metrics = one_f_one_b.gradients(forward, params, batch, scale / norm,
+                                                     stages=state.mesh.pp, microbatches=m,
+                                                     branchless=state.mesh.tp > 1)
+        grads = jax.lax.psum(grads, "dp")
+        mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
+        return grads, mean(loss), jax.tree.map(mean, metrics)
     return body
 
 
