@@ -30,8 +30,8 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jaxsmp.pipeline.runner import _vary, _varying
 from jaxsmp.pipeline.schedule import make_schedule
+from jaxsmp.pipeline import vma
 from jaxsmp.train.batch import split_microbatches
 from jaxsmp.train.param_gather import is_stacked
 
@@ -90,6 +90,11 @@ def _check_slots(kind: np.ndarray, mb: np.ndarray, stages: int) -> None:
                 raise AssertionError(f"1F1B buffer slots collide on stage {s} at tick {t}")
 
 
+def _put(buf: jax.Array, when: jax.Array, value: jax.Array, slot: jax.Array) -> jax.Array:
+    """``buf[slot] = value`` if ``when``, updating one slot in place."""
+    return lax.dynamic_update_index_in_dim(buf, jnp.where(when, value, buf[slot]), slot, 0)
+
+
 def _choose(index: jax.Array, branches: list[Callable], *args, branchless: bool):
     """``lax.switch``, or with ``branchless`` every branch computed and one selected
     (needed when GSPMD places collectives of automatic axes such as ``tp`` inside the
@@ -131,8 +136,8 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
     margs = [a.reshape(m, b // m, *a.shape[1:]) if s else a for a, s in zip(cap.args, split)]
     mbatches = split_microbatches(batch, m)
     stage = lax.axis_index(axis)
-    axes = frozenset({axis}).union(_varying(xs), *(_varying(x) for x in leaves))
-    vary = lambda tree: jax.tree.map(lambda x: _vary(x, axes), tree)  # noqa: E731
+    axes = frozenset({axis}).union(vma.varying(xs), *(vma.varying(x) for x in leaves))
+    vary = lambda tree: jax.tree.map(lambda x: vma.vary(x, axes), tree)  # noqa: E731
     top = vary(params)  # varying over pp: no implicit psum inside per-stage branches
     xs = vary(xs.reshape(m, b // m, *xs.shape[1:]))
     kind_table, mb_table = (jnp.asarray(a) for a in _tables(p, m))
@@ -150,7 +155,7 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
             value, metrics = forward(p_, mbatch, _Inject(y_))
             return value * coef, (value, metrics)
         out, vjp, (value, metrics) = jax.vjp(loss, top, y, has_aux=True)
-        dtop, dy = vjp(_vary(jnp.ones((), out.dtype), _varying(out)))
+        dtop, dy = vjp(vma.vary(jnp.ones((), out.dtype), vma.varying(out)))
         return vary((dtop, dy, value, metrics))
 
     def zeros_post(j, y):
@@ -169,9 +174,7 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
                  acc_top=jax.tree.map(jnp.add, c["acc_top"], dtop),
                  loss=c["loss"] + value,
                  metrics=jax.tree.map(jnp.add, c["metrics"], metrics))
-        c["g_buf"] = jnp.where(stage == p - 1,
-                               lax.dynamic_update_index_in_dim(c["g_buf"], dy, slot, 0),
-                               c["g_buf"])
+        c["g_buf"] = _put(c["g_buf"], stage == p - 1, dy, slot)
         return c, out, j + 1, jnp.zeros_like(out), jnp.int32(0)
 
     def backward_op(c, j):
@@ -179,8 +182,7 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
         _, vjp = jax.vjp(lambda s_, h: stage_fn(s_, h, j), sp, c["inp_buf"][slot])
         dsp, dinp = vary(vjp(c["g_buf"][slot]))
         c = dict(c, acc_sp=jax.tree.map(jnp.add, c["acc_sp"], dsp))
-        c["dxs"] = jnp.where(stage == 0,
-                             lax.dynamic_update_index_in_dim(c["dxs"], dinp, j, 0), c["dxs"])
+        c["dxs"] = _put(c["dxs"], stage == 0, dinp, j)
         return c, jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1
 
     def idle_op(c, j):
@@ -190,10 +192,8 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
     def tick(carry, t):
         c, msg_f, tag_f, msg_b, tag_b = carry
         c = dict(c)
-        c["in_buf"] = jnp.where(tag_f > 0, lax.dynamic_update_index_in_dim(
-            c["in_buf"], msg_f, (tag_f - 1) % p, 0), c["in_buf"])
-        c["g_buf"] = jnp.where(tag_b > 0, lax.dynamic_update_index_in_dim(
-            c["g_buf"], msg_b, (tag_b - 1) % p, 0), c["g_buf"])
+        c["in_buf"] = _put(c["in_buf"], tag_f > 0, msg_f, (tag_f - 1) % p)
+        c["g_buf"] = _put(c["g_buf"], tag_b > 0, msg_b, (tag_b - 1) % p)
         kind, j = kind_table[t, stage], mb_table[t, stage]
         c, send_f, tf, send_b, tb = _choose(
             kind, [lambda c_, j_: vary(idle_op(c_, j_)), lambda c_, j_: vary(forward_op(c_, j_)),

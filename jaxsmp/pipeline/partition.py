@@ -40,13 +40,13 @@ def _nbytes(tree: Any) -> int:
     return int(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
-def layer_cost(layer: Callable, x: Any) -> LayerCost:
-    """Compiled cost of ``layer(x)`` (an ``nnx.Module`` or a plain function)."""
+def layer_cost(layer: Callable, x: Any, *args: Any) -> LayerCost:
+    """Compiled cost of ``layer(x, *args)`` (an ``nnx.Module`` or a plain function)."""
     if isinstance(layer, nnx.Module):
         graphdef, state = nnx.split(layer)
-        fn = lambda s, v: nnx.merge(graphdef, s)(v)  # noqa: E731
+        fn = lambda s, v: nnx.merge(graphdef, s)(v, *args)  # noqa: E731
     else:
-        state, fn = {}, lambda s, v: layer(v)  # noqa: E731
+        state, fn = {}, lambda s, v: layer(v, *args)  # noqa: E731
     abstract_x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), x)
     compiled = jax.jit(fn).lower(state, abstract_x).compile()
     cost = compiled.cost_analysis()
@@ -125,13 +125,22 @@ def _stage_sums(values: Sequence[float], counts: Sequence[int]) -> list[float]:
     return [float(sum(values[a:b])) for a, b in zip(edges[:-1], edges[1:])]
 
 
+def stack_layers(stack: Any) -> list[nnx.Module]:
+    """The layers of a :class:`~jaxsmp.nn.Stack` as separate modules (for costing)."""
+    graphdef, state = nnx.split(stack.layers)
+    return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+            for i in range(stack.num_layers)]
+
+
 def partition(layers: Sequence[Callable], x: Any, stages: int, *,
               embed: Callable | None = None, head: Callable | None = None,
+              layer_args: Sequence[Any] = (),
               optimize: str = "speed", manual: Sequence[int] | None = None,
               flops_per_s: float = 1e12, bytes_per_s: float = 1e11,
               verbose: bool = True) -> Partition:
-    """Splits ``layers`` (applied in order to ``x``, or to ``embed(x)``) into
-    ``stages`` contiguous stages; prints the split unless ``verbose=False``."""
+    """Splits ``layers`` (``layer(x, *layer_args)`` in order, on ``x`` or on
+    ``embed(x)``) into ``stages`` contiguous stages; prints the split unless
+    ``verbose=False``."""
     if optimize not in OPTIMIZE:
         raise ValueError(f"optimize must be one of {OPTIMIZE}, got {optimize!r}")
     if not 1 <= stages <= len(layers):
@@ -142,7 +151,7 @@ def partition(layers: Sequence[Callable], x: Any, stages: int, *,
         x = extra[0].output
     costs = []
     for layer in layers:
-        costs.append(layer_cost(layer, x))
+        costs.append(layer_cost(layer, x, *layer_args))
         x = costs[-1].output
     tail = layer_cost(head, x) if head is not None else None
     times = [c.time(flops_per_s, bytes_per_s) for c in costs]

@@ -25,21 +25,10 @@ import numpy as np
 from jax import lax
 
 from jaxsmp.pipeline.schedule import check_microbatches
+from jaxsmp.pipeline.vma import vary, varying
 
 RunLayers = Callable[[jax.Array, Any, Sequence[Any]], jax.Array]
 EXECUTABLE = ("simple", "virtual")
-
-
-def _varying(x) -> frozenset:
-    aval = jax.typeof(x)  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
-    vma = getattr(aval, "vma", None)
-    return frozenset(vma if vma is not None else getattr(aval.mat, "varying", ()))
-
-
-def _vary(x, axes: frozenset):
-    """``x`` made varying over ``axes`` (scan carries must keep one varying type)."""
-    missing = tuple(sorted(axes - _varying(x)))
-    return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def virtual_layer_order(num_layers: int, stages: int, chunks: int) -> np.ndarray:
@@ -100,16 +89,17 @@ class Pipeline:
             raise ValueError(f"local batch {b} is not divisible by microbatches={m}")
         stage = lax.axis_index(self.axis)
         axes = frozenset({self.axis}).union(
-            _varying(x), *(_varying(a) for a in jax.tree.leaves((params, args))))
-        xs = _vary(x.reshape(m, b // m, *x.shape[1:]), axes)
+            varying(x), *(varying(a) for a in jax.tree.leaves((params, args))))
+        xs = vary(x.reshape(m, b // m, *x.shape[1:]), axes)
         margs, split = self._split_args(args, b)
         perm = [(i, (i + 1) % p) for i in range(p if v > 1 else p - 1)]
 
         def tick(carry, t):
             state, ring = carry
             if v > 1:  # stage 0 keeps what comes round from the last stage for later
-                ring = jnp.where(t >= p, lax.dynamic_update_index_in_dim(
-                    ring, state, jnp.mod(t - p, m), 0), ring)
+                slot = jnp.mod(t - p, m)  # in place: one slot, not the whole ring
+                ring = lax.dynamic_update_index_in_dim(
+                    ring, jnp.where(t >= p, state, ring[slot]), slot, 0)
                 fresh = jnp.where(t < m, xs[jnp.minimum(t, m - 1)], ring[jnp.mod(t, m)])
             else:
                 fresh = xs[jnp.minimum(t, m - 1)]
@@ -117,11 +107,11 @@ class Pipeline:
             mb = jnp.mod(item, m)
             inp = jnp.where(stage == 0, fresh, state)
             local_args = [a[mb] if s else a for a, s in zip(margs, split)]
-            out = _vary(run(inp, self._chunk(params, item // m), local_args), axes)
+            out = vary(run(inp, self._chunk(params, item // m), local_args), axes)
             return (lax.ppermute(out, self.axis, perm), ring), out
 
-        zeros = _vary(jnp.zeros_like(xs[0]), axes)
-        ring = _vary(jnp.zeros_like(xs), axes) if v > 1 else jnp.zeros((0,), x.dtype)
+        zeros = vary(jnp.zeros_like(xs[0]), axes)
+        ring = vary(jnp.zeros_like(xs), axes) if v > 1 else jnp.zeros((0,), x.dtype)
         _, outs = lax.scan(tick, (zeros, ring), jnp.arange(self.ticks))
         last = outs[(v - 1) * m + p - 1:]
         final = lax.psum(jnp.where(stage == p - 1, last, jnp.zeros_like(last)), self.axis)

@@ -106,3 +106,12 @@ def test_layers_must_divide_into_stages(config):
 def test_unknown_pipeline_option():
     with pytest.raises(ValueError, match="unknown pipeline schedule"):
         jaxsmp.step(lambda m, b: 0.0, pipeline="1f1b")
+
+
+def test_eval_step_with_pipeline(config, tokens, pp4_state):
+    from conftest import next_token_loss
+    import optax
+    single = jaxsmp.init(config.build, optax.adamw(1e-3), single_device_mesh())
+    expected = float(jaxsmp.eval_step(next_token_loss)(single, {"tokens": tokens})["loss"])
+    got = jaxsmp.eval_step(next_token_loss, microbatches=4)(pp4_state, {"tokens": tokens})
+    np.testing.assert_allclose(float(got["loss"]), expected, rtol=1e-5)
