@@ -19,7 +19,9 @@ def _offload_policy() -> Callable:
 def remat(fn: Callable, policy: str) -> Callable:
     """Wraps a layer body: ``none`` keeps all activations, ``full`` recomputes the
     layer in the backward pass, ``save_matmuls`` keeps only matmul outputs,
-    ``offload`` moves matmul outputs to host memory and back."""
+    ``offload`` moves matmul outputs to host memory and back. Only ``none`` also
+    keeps each layer's gathered parameters for the backward pass (fastest, most
+    memory); the others gather them again, ZeRO-3's usual trade."""
     if policy == "none":
         return fn
     if policy == "full":

@@ -2,8 +2,9 @@
 
 Compile time does not grow with depth. At the top of the scan body the layer's
 parameters pass through the step's ``gather`` (the ZeRO-3 all-gather over
-``sdp``); the body is wrapped in the step's remat policy, so the gather is
-repeated in the backward pass rather than keeping gathered weights alive. With
+``sdp``); the body is wrapped in the step's remat policy, under which (any but
+``none``) the gather is repeated in the backward pass rather than keeping every
+layer's gathered weights alive. With
 pipeline parallelism the step's ``pipeline`` runs the stage's local layers inside a
 schedule over ``pp`` (:mod:`jaxsmp.pipeline.runner`).
 """
