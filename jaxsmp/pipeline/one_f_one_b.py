@@ -216,6 +216,14 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
     return _combine(c, params, pre_vjp, mask, stage, p, m, axis)
 
 
+def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
+    """``grad`` summed over the axes the buffers were made varying over but ``param``
+    is not (the transpose of that cast; only size-1 axes such as ``sdp=1`` remain here,
+    ``pp`` having been reduced by the masked psums)."""
+    extra = tuple(sorted(vma.varying(grad) - vma.varying(param)))
+    return lax.psum(grad, extra) if extra else grad
+
+
 def _combine(c: dict, params: nnx.State, pre_vjp, mask: list[bool], stage, p: int, m: int,
              axis: str):
     """Masked psums over ``pp`` and the embedding backward; grads shaped like ``params``."""
@@ -227,8 +235,8 @@ def _combine(c: dict, params: nnx.State, pre_vjp, mask: list[bool], stage, p: in
     top = jax.tree.leaves(from_stage(c["acc_top"], p - 1))
     layers = iter(jax.tree.leaves(c["acc_sp"]))
     pre = jax.tree.leaves(pre_grads)
-    out = [g.astype(jnp.float32) + (next(layers) if s else t)
-           for g, t, s in zip(pre, top, mask)]
+    out = [_match(g.astype(jnp.float32) + (next(layers) if s else t), x)
+           for g, t, s, x in zip(pre, top, mask, jax.tree.leaves(params))]
     grads = jax.tree.unflatten(jax.tree.structure(params), out)
     loss = from_stage(c["loss"], p - 1) / m
     metrics = jax.tree.map(lambda v: v / m, from_stage(c["metrics"], p - 1))
