@@ -2,8 +2,11 @@
 
 ``jaxsmp.Mesh(pp=4, sdp=2)`` with ``@jaxsmp.step(microbatches=8, pipeline="simple")``
 splits the model's layer :class:`~jaxsmp.nn.Stack` into stages. Schedules are tables
-(:func:`make_schedule`) checked by :func:`simulate`; :class:`Pipeline` executes
-``simple`` and ``virtual`` inside the step; :func:`partition` plans stage splits.
+(:func:`make_schedule`) checked by :func:`simulate`. Inside the step, :class:`Pipeline`
+executes ``simple`` (GPipe) and ``virtual`` (circular, ``virtual_chunks`` per stage)
+by autodiff, and :mod:`jaxsmp.pipeline.one_f_one_b` drives ``interleaved`` (1F1B)
+forward and backward by hand. :func:`partition` plans stage splits from compiled
+costs (planning only: the step runs equal splits of the layer stack).
 """
 from jaxsmp.pipeline.partition import Partition, partition
 from jaxsmp.pipeline.runner import EXECUTABLE, Pipeline
