@@ -32,6 +32,7 @@ class TrainConfig:
     eval_batches: int = 2
     seed: int = 0
     progress: bool = True
+    print_losses: bool = False
     checkpoint_dir: str | None = None
     save_every: int = 0
     keep: int = 3
@@ -51,6 +52,7 @@ _HELP = {
     "precision": "fp32, bf16 or fp16 (dynamic loss scaling)",
     "remat": "activation checkpointing: none, full, save_matmuls, offload",
     "attention": "attention implementation: auto, blockwise, pallas, reference",
+    "print_losses": "print every step's loss as JSON at the end (process 0)",
     "data": "text file or directory of *.txt (default: Python's bundled docs)",
     "checkpoint_dir": "directory for checkpoints (default: no checkpoints)",
     "save_every": "checkpoint every N steps (0: only at the end)",

@@ -23,4 +23,5 @@ def main(argv: list[str] | None = None, *, model: str) -> None:
     history = run(cfg)
     if jax.process_index() == 0:
         print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")
-        print("losses: " + json.dumps(history.losses))
+        if cfg.print_losses:
+            print("losses: " + json.dumps(history.losses))

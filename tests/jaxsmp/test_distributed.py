@@ -42,7 +42,7 @@ def _losses(output: str) -> list[float]:
 
 def test_two_processes_match_one_process_with_hybrid_sharding():
     args = ["--dp", "2", "--sdp", "4", "--steps", "4", "--eval-every", "0", "--no-progress",
-            "--seq-len", "32", "--batch-size", "16"]
+            "--print-losses", "--seq-len", "32", "--batch-size", "16"]
     script = str(ROOT / "examples" / "train_gpt_neox.py")
     single = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                             timeout=600, check=True).stdout

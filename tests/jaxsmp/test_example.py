@@ -22,7 +22,7 @@ def test_trainer_loss_falls():
 def test_example_script_runs():
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_gpt_neox.py"), "--steps", "3",
-         "--eval-every", "0", "--no-progress", "--seq-len", "32"],
+         "--eval-every", "0", "--no-progress", "--print-losses", "--seq-len", "32"],
         capture_output=True, text=True, timeout=300, check=True).stdout
     losses = json.loads(out.split("losses: ")[1])
     assert len(losses) == 3 and losses[-1] < losses[0]
