@@ -2,7 +2,8 @@
 
 1. Training: the same GPT-NeoX (tiny preset, 8 layers) and global batch with
    pp=1 (sdp=8), pp=2 (sdp=4) and pp=4 (sdp=2) for every executable schedule;
-   median tokens/s after warm-up and per-device peak memory from the compiled
+   tokens/s of the fastest step after warm-up (the least disturbed by other
+   processes on the shared cores) and per-device peak memory from the compiled
    step's memory_analysis (arguments + outputs + temporaries - aliased).
 2. Bubble: the pipelined stack's forward+backward (runner over ``pp`` with p
    devices) against the same per-stage work without the pipeline (each stage
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,11 +34,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxsmp  # noqa: E402
-from flax import nnx  # noqa: E402
-
 from jaxsmp.nn import rotary_tables  # noqa: E402
 from jaxsmp.pipeline import Pipeline, partition  # noqa: E402
 from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
@@ -73,7 +72,7 @@ def train_row(config, pp: int, schedule: str, microbatches: int, steps: int) -> 
         times.append(time.perf_counter() - start)
     return dict(pp=pp, sdp=mesh.sdp, schedule=schedule if pp > 1 else "-",
                 m=options["microbatches"], loss=float(metrics["loss"]),
-                tokens_per_s=BATCH * SEQ / statistics.median(times[1:]),
+                tokens_per_s=BATCH * SEQ / min(times[1:]),
                 peak_mib=_peak_bytes(memory) / 2**20)
 
 
@@ -94,7 +93,7 @@ def _timed(fn, *args, repeats: int) -> float:
 
 
 def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 512, rows: int = 256,
-               repeats: int = 7) -> dict:
+               repeats: int = 11) -> dict:
     """Measured idle fraction of the pipelined stack vs the same work without bubble."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("pp",))
     schedule = "virtual" if v > 1 else "simple"
@@ -129,7 +128,7 @@ def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 512, rows: int 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--only", choices=("train", "bubble", "plan"), default=None)
     args = parser.parse_args()
@@ -178,7 +177,7 @@ def train_table(config, args) -> None:
 
 def bubble_table() -> None:
     print("\nBubble: pipelined stack fwd+bwd vs the same work without bubble "
-          "(8 MLP layers, d=512, 256 rows per microbatch, best of 7)\n")
+          "(8 MLP layers, d=512, 256 rows per microbatch, best of 11)\n")
     print("| p | v | m | ticks | pipelined ms | no-bubble ms | measured idle | "
           "formula (p-1)/(mv+p-1) |")
     print("|---|---|---|---|---|---|---|---|")
