@@ -227,9 +227,11 @@ def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
 def _combine(c: dict, params: nnx.State, pre_vjp, mask: list[bool], stage, p: int, m: int,
              axis: str):
     """Masked psums over ``pp`` and the embedding backward; grads shaped like ``params``."""
-    def from_stage(tree, src):
-        return jax.tree.map(lambda x: lax.psum(jnp.where(stage == src, x, jnp.zeros_like(x)),
-                                               axis), tree)
+    def from_stage(tree, src):  # float32: XLA:CPU aborts on bf16 all-reduces
+        def one(x):
+            masked = jnp.where(stage == src, x, jnp.zeros_like(x)).astype(jnp.float32)
+            return lax.psum(masked, axis).astype(x.dtype)
+        return jax.tree.map(one, tree)
     dxs = from_stage(c["dxs"], 0)
     (pre_grads,) = pre_vjp(dxs.reshape(-1, *dxs.shape[2:]).astype(dxs.dtype))
     top = jax.tree.leaves(from_stage(c["acc_top"], p - 1))

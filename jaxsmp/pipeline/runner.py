@@ -90,7 +90,8 @@ class Pipeline:
         stage = lax.axis_index(self.axis)
         axes = frozenset({self.axis}).union(
             varying(x), *(varying(a) for a in jax.tree.leaves((params, args))))
-        xs = vary(x.reshape(m, b // m, *x.shape[1:]), axes)
+        # cast in float32: its transpose is a psum over pp (bf16 all-reduces abort XLA:CPU)
+        xs = vary(x.astype(jnp.float32).reshape(m, b // m, *x.shape[1:]), axes).astype(x.dtype)
         margs, split = self._split_args(args, b)
         perm = [(i, (i + 1) % p) for i in range(p if v > 1 else p - 1)]
 
@@ -114,5 +115,6 @@ class Pipeline:
         ring = vary(jnp.zeros_like(xs), axes) if v > 1 else jnp.zeros((0,), x.dtype)
         _, outs = lax.scan(tick, (zeros, ring), jnp.arange(self.ticks))
         last = outs[(v - 1) * m + p - 1:]
-        final = lax.psum(jnp.where(stage == p - 1, last, jnp.zeros_like(last)), self.axis)
-        return final.reshape(x.shape)
+        # float32: XLA:CPU aborts on bf16 all-reduces (jax 0.10.2)
+        masked = jnp.where(stage == p - 1, last, jnp.zeros_like(last)).astype(jnp.float32)
+        return lax.psum(masked, self.axis).astype(x.dtype).reshape(x.shape)
