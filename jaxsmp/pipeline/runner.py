@@ -97,7 +97,9 @@ class Pipeline:
 
         def tick(carry, t):
             state, ring = carry
-            if v > 1:  # stage 0 keeps what comes round from the last stage for later
+            if v > 1 and m == p:  # what comes round from the last stage is due now
+                fresh = jnp.where(t < m, xs[jnp.minimum(t, m - 1)], state)
+            elif v > 1:  # stage 0 keeps what comes round from the last stage for later
                 slot = jnp.mod(t - p, m)  # in place: one slot, not the whole ring
                 ring = lax.dynamic_update_index_in_dim(
                     ring, jnp.where(t >= p, state, ring[slot]), slot, 0)
@@ -112,7 +114,7 @@ class Pipeline:
             return (lax.ppermute(out, self.axis, perm), ring), out
 
         zeros = vary(jnp.zeros_like(xs[0]), axes)
-        ring = vary(jnp.zeros_like(xs), axes) if v > 1 else jnp.zeros((0,), x.dtype)
+        ring = vary(jnp.zeros_like(xs), axes) if v > 1 and m > p else jnp.zeros((0,), x.dtype)
         _, outs = lax.scan(tick, (zeros, ring), jnp.arange(self.ticks))
         last = outs[(v - 1) * m + p - 1:]
         # float32: XLA:CPU aborts on bf16 all-reduces (jax 0.10.2)
