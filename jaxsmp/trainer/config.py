@@ -19,6 +19,8 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     microbatches: int = 1
+    pipeline: str = "simple"
+    virtual_chunks: int = 2
     steps: int = 200
     lr: float = 3e-3
     warmup: int = 20
@@ -48,7 +50,9 @@ _HELP = {
     "simulate_devices": "number of simulated CPU devices (ignored on GPU/TPU)",
     "collectives": "algorithm for the sdp parameter gather / gradient reduce-scatter",
     "batch_size": "global batch size in sequences",
-    "microbatches": "gradient-accumulation steps per global batch",
+    "pipeline": "pipeline schedule when pp > 1: simple (GPipe), interleaved (1F1B), virtual",
+    "virtual_chunks": "layer chunks per pipeline stage for --pipeline virtual",
+    "microbatches": "gradient-accumulation steps per global batch (pipeline microbatches when pp > 1)",
     "precision": "fp32, bf16 or fp16 (dynamic loss scaling)",
     "remat": "activation checkpointing: none, full, save_matmuls, offload",
     "attention": "attention implementation: auto, blockwise, pallas, reference",

@@ -94,7 +94,8 @@ def run(cfg: TrainConfig) -> History:
                         cfg.seed)
     train_data, eval_data = data.split()
     train_step = step(next_token_loss, microbatches=cfg.microbatches,
-                      precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm)
+                      precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
+                      pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks)
     evaluate = eval_step(next_token_loss, precision=cfg.precision)
     flops_per_token = train_flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = peak_flops_per_device()
