@@ -21,6 +21,10 @@ from jax.sharding import PartitionSpec as P
 import collectives
 
 MANUAL_AXES = ("dp", "sdp")
+# Bucketing merges small parameters' collectives into one; a parameter whose gathered
+# size exceeds this already fills a collective on its own, and copying it into and
+# out of the flat buffer only costs memory traffic (cf. PyTorch DDP's bucket_cap_mb).
+BUCKET_MAX_BYTES = 4 << 20
 PIPELINE_AXIS = "pp"  # also manual in the step's shard_map when pp > 1
 
 
@@ -44,6 +48,11 @@ def _sdp_dim(axes: tuple, ndim: int) -> int | None:
     return None
 
 
+def sdp_dim(variable: nnx.Variable) -> int | None:
+    """The dimension of ``variable``'s value split over sdp (None: not split)."""
+    return _sdp_dim(mesh_axes(variable), variable[...].ndim)
+
+
 def manual_spec(axes: tuple) -> P:
     """The ``shard_map`` spec of a parameter: only its manual (data, pipeline) axes."""
     def keep(dim):
@@ -53,10 +62,25 @@ def manual_spec(axes: tuple) -> P:
     return P(*[keep(d) for d in axes])
 
 
+def _major(x: jax.Array, dim: int) -> jax.Array:
+    return jnp.moveaxis(x, dim, 0)
+
+
+def _minor(x: jax.Array, dim: int) -> jax.Array:
+    return jnp.moveaxis(x, 0, dim)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
 def cast_and_gather(shard: jax.Array, dim: int, dtype, algorithm: str) -> jax.Array:
-    """``shard`` cast to ``dtype`` and all-gathered over sdp along ``dim``."""
-    return collectives.all_gather(shard.astype(dtype), "sdp", axis=dim, algorithm=algorithm)
+    """``shard`` cast to ``dtype`` and all-gathered over sdp along ``dim``.
+
+    The collective runs over the leading dimension, where each rank's block is
+    contiguous; the full array comes back as a transposed view that XLA folds into
+    its consumer (a matmul reads either layout), so only the 1/p shard is ever
+    transposed, not the gathered array."""
+    full = collectives.all_gather(_major(shard.astype(dtype), dim), "sdp", axis=0,
+                                  algorithm=algorithm)
+    return _minor(full, dim)
 
 
 def _gather_fwd(shard, dim, dtype, algorithm):
@@ -64,9 +88,13 @@ def _gather_fwd(shard, dim, dtype, algorithm):
 
 
 def _gather_bwd(dim, dtype, algorithm, dtype_carrier, cotangent):
-    summed = collectives.reduce_scatter(cotangent.astype(jnp.float32), "sdp", axis=dim,
-                                        algorithm=algorithm)
-    return (summed.astype(dtype_carrier.dtype),)
+    # Reduce-scatter over the leading dimension, where each rank's block is
+    # contiguous: the gradient matmul then writes the transposed layout directly
+    # and only the 1/p shard is transposed back, instead of the full-size
+    # gradient (e.g. an MLP-out kernel's [mlp, embed] sharded on embed).
+    summed = collectives.reduce_scatter(_major(cotangent.astype(jnp.float32), dim), "sdp",
+                                        axis=0, algorithm=algorithm)
+    return (_minor(summed, dim).astype(dtype_carrier.dtype),)
 
 
 cast_and_gather.defvjp(_gather_fwd, _gather_bwd)
@@ -77,8 +105,9 @@ def cast_and_gather_bucket(shards: list[jax.Array], dims: tuple[int, ...], dtype
                            algorithm: str) -> list[jax.Array]:
     """Like :func:`cast_and_gather` for many shards at once: one collective over one
     flat buffer (``collectives.all_gather_tree``)."""
-    cast = [x.astype(dtype) for x in shards]
-    return collectives.all_gather_tree(cast, "sdp", list(dims), algorithm)
+    cast = [_major(x.astype(dtype), d) for x, d in zip(shards, dims)]  # as cast_and_gather
+    full = collectives.all_gather_tree(cast, "sdp", [0] * len(dims), algorithm)
+    return [_minor(x, d) for x, d in zip(full, dims)]
 
 
 def _bucket_fwd(shards, dims, dtype, algorithm):
@@ -87,9 +116,11 @@ def _bucket_fwd(shards, dims, dtype, algorithm):
 
 
 def _bucket_bwd(dims, dtype, algorithm, dtype_carriers, cotangents):
-    summed = collectives.reduce_scatter_tree([c.astype(jnp.float32) for c in cotangents],
-                                             "sdp", list(dims), algorithm)
-    return ([s.astype(c.dtype) for s, c in zip(summed, dtype_carriers)],)
+    # sdp dimension leading, as in _gather_bwd
+    summed = collectives.reduce_scatter_tree(
+        [_major(c.astype(jnp.float32), d) for c, d in zip(cotangents, dims)],
+        "sdp", [0] * len(dims), algorithm)
+    return ([_minor(s, d).astype(c.dtype) for s, d, c in zip(summed, dims, dtype_carriers)],)
 
 
 cast_and_gather_bucket.defvjp(_bucket_fwd, _bucket_bwd)
@@ -108,9 +139,11 @@ def gather_variable(var: nnx.Variable, dtype, algorithm: str) -> nnx.Variable:
 def _gather_bucketed(state: nnx.State, dtype, algorithm: str,
                      select: Callable[[nnx.Variable], bool]) -> nnx.State:
     variables, treedef = jax.tree.flatten(state, is_leaf=_is_var)
+    gathered_bytes = jax.lax.axis_size("sdp") * jnp.dtype(dtype).itemsize
     picked = [i for i, v in enumerate(variables) if select(v)
               and jnp.issubdtype(v[...].dtype, jnp.floating)
-              and _sdp_dim(mesh_axes(v), v[...].ndim) is not None]
+              and _sdp_dim(mesh_axes(v), v[...].ndim) is not None
+              and v[...].size * gathered_bytes <= BUCKET_MAX_BYTES]
     out = [gather_variable(v, dtype, algorithm) if select(v) and i not in picked else v
            for i, v in enumerate(variables)]
     if picked:
@@ -126,7 +159,8 @@ def gather_tree(state: nnx.State, dtype, algorithm: str,
                 select: Callable[[nnx.Variable], bool] = lambda v: True,
                 bucket: bool = False) -> nnx.State:
     """The selected parameters of ``state`` in ``dtype``, gathered over sdp: one
-    collective per parameter, or with ``bucket`` one for all of them."""
+    collective per parameter, or with ``bucket`` one for all of them but those larger
+    than ``BUCKET_MAX_BYTES`` gathered, which get one each."""
     if bucket:
         return _gather_bucketed(state, dtype, algorithm, select)
     return jax.tree.map(lambda v: gather_variable(v, dtype, algorithm) if select(v) else v,

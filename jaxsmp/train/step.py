@@ -30,8 +30,9 @@ from jaxsmp.pipeline.runner import Pipeline, virtual_layer_order
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
+from jaxsmp.train.embed_lookup import lookup_tables, sharded_lookups
 from jaxsmp.train.param_gather import (MANUAL_AXES, PIPELINE_AXIS, gather_tree, is_stacked,
-                                       manual_spec, mesh_axes)
+                                       manual_spec, mesh_axes, sdp_dim)
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
 
@@ -112,12 +113,21 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
              pipeline: Pipeline | None = None) -> tuple[jax.Array, dict]:
     """The user's loss on local parameter shards, gathering them over sdp as needed."""
     dtype = precision_policy(options.precision).compute_dtype
-    top = gather_tree(params, dtype, algorithm, select=lambda v: not is_stacked(v),
+    # Embed tables sharded on their columns are looked up from their shards (no
+    # table gather); their gathered values stay available to other readers, one
+    # gather each, which XLA drops when unused (see jaxsmp.train.embed_lookup)
+    tables = lookup_tables(graphdef, params, sdp_dim)
+    top = gather_tree(params, dtype, algorithm,
+                      select=lambda v: not is_stacked(v) and id(v) not in tables,
                       bucket=options.bucket)
+    local = {tables[id(v)]: (v[...], dtype) for v in jax.tree.leaves(params, is_leaf=_is_var)
+             if id(v) in tables}
+    top = gather_tree(top, dtype, algorithm, select=lambda v: id(v) in tables)
     ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm, bucket=options.bucket),
                        remat=options.remat, pipeline=pipeline)
-    with layer_context(ctx):
-        out = fn(nnx.merge(graphdef, top), batch)
+    model = nnx.merge(graphdef, top)
+    with layer_context(ctx), sharded_lookups(model, local):
+        out = fn(model, batch)
     loss, metrics = out if isinstance(out, tuple) else (out, {})
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
