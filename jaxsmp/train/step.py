@@ -132,6 +132,27 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
 
+def _replica_axes(var: nnx.Variable) -> tuple[str, ...]:
+    """The data axes a parameter is replicated over: always dp, and sdp unless the
+    parameter is split over it (e.g. sdp=1)."""
+    sharded = any(d == "sdp" or (isinstance(d, tuple) and "sdp" in d) for d in mesh_axes(var))
+    return ("dp",) if sharded else ("dp", "sdp")
+
+
+def _vary_over_replicas(params: nnx.State) -> nnx.State:
+    """Marks float32 parameters as differing per replica, so that their gradients stay
+    local (summed once, in float32, by :func:`_sum_over_replicas`) rather than being
+    summed implicitly where they are used in the compute dtype."""
+    return jax.tree.map(lambda v: v.replace(jax.lax.pcast(v[...], _replica_axes(v),
+                                                          to="varying")),
+                        params, is_leaf=_is_var)
+
+
+def _sum_over_replicas(grads: nnx.State) -> nnx.State:
+    return jax.tree.map(lambda g: g.replace(jax.lax.psum(g[...], _replica_axes(g))),
+                        grads, is_leaf=_is_var)
+
+
 def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algorithm: str):
     """The shard_map body: microbatch scan of forward + backward on local shards.
     With pp > 1 the microbatches are the pipeline's: one forward + backward of the
@@ -143,7 +164,7 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
     norm = m * state.mesh.data_size
 
     def body(params: nnx.State, batch: Any, scale: jax.Array):
-        params = jax.lax.pcast(params, "dp", to="varying")  # one dp-sum after the scan
+        params = _vary_over_replicas(params)  # one sum over replicas after the scan
 
         def micro(acc, mbatch):
             def scaled_loss(p):
@@ -156,7 +177,7 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
 
         zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
         acc, (losses, metrics) = jax.lax.scan(micro, zeros, split_microbatches(batch, m))
-        grads = jax.lax.psum(acc, "dp")
+        grads = _sum_over_replicas(acc)
         mean = lambda x: jax.lax.pmean(x.mean(), MANUAL_AXES)  # noqa: E731
         return grads, mean(losses), jax.tree.map(mean, metrics)
     return body
@@ -168,14 +189,14 @@ def _one_f_one_b_body(fn: LossFn, state: TrainState, options: StepOptions, algor
     norm = m * state.mesh.data_size
 
     def body(params: nnx.State, batch: Any, scale: jax.Array):
-        params = jax.lax.pcast(params, "dp", to="varying")  # one dp-sum at the end
+        params = _vary_over_replicas(params)  # one sum over replicas at the end
 
         def forward(p, b, hook):
             return _forward(fn, state.graphdef, p, b, options, algorithm, hook)
         grads, loss, metrics = one_f_one_b.gradients(forward, params, batch, scale / norm,
                                                      stages=state.mesh.pp, microbatches=m,
                                                      branchless=state.mesh.tp > 1)
-        grads = jax.lax.psum(grads, "dp")
+        grads = _sum_over_replicas(grads)
         mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
         return grads, mean(loss), jax.tree.map(mean, metrics)
     return body

@@ -33,8 +33,10 @@ def test_remat_policies_keep_gradients(tiny_config, tokens, policy):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_bf16_compute_tracks_fp32(tiny_config, tokens):
-    mesh = jaxsmp.Mesh(sdp=4, tp=2)
+@pytest.mark.parametrize("degrees", [dict(sdp=4, tp=2), dict(dp=8, sdp=1)],
+                         ids=["sdp4-tp2", "dp8"])
+def test_bf16_compute_tracks_fp32(tiny_config, tokens, degrees):
+    mesh = jaxsmp.Mesh(**degrees)
     _, fp32 = train(tiny_config, mesh, tokens, steps=2)
     state, bf16 = train(tiny_config, mesh, tokens, steps=2, precision="bf16")
     np.testing.assert_allclose(bf16, fp32, rtol=2e-2)

@@ -16,8 +16,9 @@ def reference(tiny_config, tokens):
     return train(tiny_config, single_device_mesh(), tokens)
 
 
-@pytest.mark.parametrize("degrees", [dict(sdp=8), dict(sdp=4, tp=2), dict(dp=2, sdp=2, tp=2)],
-                         ids=["sdp8", "sdp4-tp2", "dp2-sdp2-tp2"])
+@pytest.mark.parametrize("degrees", [dict(sdp=8), dict(sdp=4, tp=2), dict(dp=2, sdp=2, tp=2),
+                                     dict(dp=4, sdp=1, tp=2)],
+                         ids=["sdp8", "sdp4-tp2", "dp2-sdp2-tp2", "dp4-tp2"])
 def test_matches_single_device(tiny_config, tokens, reference, degrees):
     ref_state, ref_losses = reference
     state, losses = train(tiny_config, jaxsmp.Mesh(**degrees), tokens)
