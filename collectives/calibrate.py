@@ -21,7 +21,6 @@ DEFAULT_OUT = Path.home() / ".cache" / "jaxsmp-collectives" / "cost_model.json"
 def _measure(devices, reps: int) -> list[tuple[int, float]]:
     """(bytes, median seconds) of a 2-rank ppermute swap over ``devices``."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 

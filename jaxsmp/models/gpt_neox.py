@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxsmp.models.config_base import ModelConfig
-from jaxsmp.nn import Embed, LayerNorm, Linear, Stack, apply_rotary, rotary_tables
+from jaxsmp.nn import Embed, LayerNorm, Linear, Stack, apply_rotary, rotary_for_tokens
 from jaxsmp.nn.fused_qkv import FusedQKVAttention
 from jaxsmp.nn.gelu_mlp import GeluMLP
 
@@ -86,12 +86,9 @@ class GPTNeoX(nnx.Module):
                                 init_std=cfg.init_std)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        seq = tokens.shape[1]
-        if seq > self.cfg.max_position_embeddings:
-            raise ValueError(f"sequence length {seq} exceeds the model's maximum "
-                             f"max_position_embeddings={self.cfg.max_position_embeddings}")
-        positions = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
-        cos, sin = rotary_tables(positions, self.cfg.rotary_dim, self.cfg.rotary_emb_base)
+        cfg = self.cfg
+        cos, sin = rotary_for_tokens(tokens, cfg.rotary_dim, cfg.rotary_emb_base,
+                                     cfg.max_position_embeddings)
         x = self.embed_in(tokens)
         x = self.layers(x, cos, sin)
         return self.embed_out(self.final_layer_norm(x)).astype(jnp.float32)

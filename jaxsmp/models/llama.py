@@ -9,7 +9,7 @@ from flax import nnx
 
 import pallas_kernels
 from jaxsmp.models.config_base import ModelConfig
-from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_tables
+from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 
 
 @dataclass(frozen=True)
@@ -117,12 +117,9 @@ class Llama(nnx.Module):
             use_bias=False, rngs=rngs, init_std=cfg.init_std)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        seq = tokens.shape[1]
-        if seq > self.cfg.max_position_embeddings:
-            raise ValueError(f"sequence length {seq} exceeds the model's maximum "
-                             f"max_position_embeddings={self.cfg.max_position_embeddings}")
-        positions = jnp.broadcast_to(jnp.arange(seq), tokens.shape)
-        cos, sin = rotary_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cfg = self.cfg
+        cos, sin = rotary_for_tokens(tokens, cfg.head_dim, cfg.rope_theta,
+                                     cfg.max_position_embeddings)
         x = self.layers(self.embed_tokens(tokens), cos, sin)
         x = self.norm(x)
         logits = self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)

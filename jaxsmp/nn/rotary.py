@@ -23,3 +23,14 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     out = x_rot * cos + rotated * sin
     return jnp.concatenate([out.astype(x.dtype), x_pass], axis=-1)
+
+
+def rotary_for_tokens(tokens: jax.Array, rotary_dim: int, base: float,
+                      max_positions: int) -> tuple[jax.Array, jax.Array]:
+    """cos and sin for positions ``0..seq-1`` of ``tokens`` ``[batch, seq]``, after
+    checking that ``seq`` fits the model's ``max_positions``."""
+    seq = tokens.shape[1]
+    if seq > max_positions:
+        raise ValueError(f"sequence length {seq} exceeds the model's maximum "
+                         f"max_position_embeddings={max_positions}")
+    return rotary_tables(jnp.broadcast_to(jnp.arange(seq), tokens.shape), rotary_dim, base)
