@@ -1,0 +1,53 @@
+"""Compiled temporary memory per layer of the training step, by remat policy.
+
+The growth of ``memory_analysis().temp_size_in_bytes`` from 4 to 12 layers,
+divided by 8, is what each extra layer keeps alive for the backward pass. With
+``remat="none"`` that includes the layer's gathered (full) parameters.
+
+    python bench/remat_memory.py [--hidden 256] [--sdp 8]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_cpu_experimental_ynn_fusion_type=").strip()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `collectives` the package
+
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import jaxsmp  # noqa: E402
+from jaxsmp.nn.remat import POLICIES  # noqa: E402
+from jaxsmp.trainer.loop import next_token_loss  # noqa: E402
+
+
+def temp_bytes(hidden: int, layers: int, sdp: int, remat: str) -> int:
+    cfg = jaxsmp.models.preset("gpt_neox", "tiny", hidden_size=hidden, num_hidden_layers=layers,
+                               intermediate_size=4 * hidden, attention_impl="reference")
+    state = jaxsmp.init(cfg.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=sdp, collectives="xla"))
+    lowered = jaxsmp.step(next_token_loss, remat=remat).lower(
+        state, {"tokens": np.zeros((16, 64), np.int32)})
+    return lowered.compile().memory_analysis().temp_size_in_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--sdp", type=int, default=8)
+    args = parser.parse_args()
+    layer_mb = 12 * args.hidden ** 2 * 4 / 1e6
+    print(f"one gathered layer: {layer_mb:.2f} MB (float32)\n")
+    print("| remat | temp MB, 4 layers | temp MB, 12 layers | MB per extra layer |")
+    print("|---|---|---|---|")
+    for policy in POLICIES:
+        small, large = (temp_bytes(args.hidden, n, args.sdp, policy) / 1e6 for n in (4, 12))
+        print(f"| {policy} | {small:.1f} | {large:.1f} | {(large - small) / 8:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
