@@ -43,3 +43,16 @@ def train(config, mesh: jaxsmp.Mesh, tokens: np.ndarray, steps: int = 3,
 
 def leaves(state) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
+
+
+def assert_causal(logits_fn, vocab: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Changing token 10 leaves logits before it unchanged and changes those after;
+    returns (tokens, logits) for further checks."""
+    tokens = np.random.default_rng(0).integers(0, vocab, (2, 16)).astype(np.int32)
+    changed = tokens.copy()
+    changed[:, 10] = (changed[:, 10] + 1) % vocab
+    a, b = np.asarray(logits_fn(tokens)), np.asarray(logits_fn(changed))
+    assert a.shape == (2, 16, vocab) and a.dtype == np.float32
+    np.testing.assert_array_equal(a[:, :10], b[:, :10])
+    assert np.abs(a[:, 10:] - b[:, 10:]).max() > 1e-3
+    return tokens, a
