@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.param import logical_param
 
 
@@ -16,7 +17,8 @@ class Embed(nnx.Module):
                                        (vocab, dim), ("vocab", "embed"))
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding[...], tokens, axis=0)
+        rows = current_layer_context().embed_lookup(self.embedding, tokens)
+        return jnp.take(self.embedding[...], tokens, axis=0) if rows is None else rows
 
     def attend(self, x: jax.Array) -> jax.Array:
         table = self.embedding[...]

@@ -26,6 +26,9 @@ class LayerContext:
     # With pp > 1: ``pipeline(run, x, params, args)`` runs the stage's local layers in
     # a pipeline schedule (see jaxsmp.pipeline.runner.Pipeline); None: a plain scan.
     pipeline: Callable[..., Any] | None = None
+    # ``embed_lookup(table, tokens)``: an Embed's rows computed without its full table
+    # (jaxsmp.train.embed_lookup), or None to use the table as it is.
+    embed_lookup: Callable[[nnx.Variable, Any], Any] = lambda table, tokens: None
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

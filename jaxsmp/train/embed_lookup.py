@@ -14,26 +14,20 @@ column-parallel lookup of Megatron-style embeddings applied to the ZeRO-3 axis; 
 GPUs it replaces a table-sized all-gather and reduce-scatter per microbatch by two
 activation-sized all-to-alls.
 
-The step swaps, for the duration of the user's loss function only, the class of each
-plain ``Embed`` of the merged (per-trace) model for :class:`ShardedLookupEmbed`,
-whose ``__call__`` reads the local shard. The table's ``Variable`` still holds the
-gathered table for any other reader (``attend``, user code); when nothing reads it,
-XLA drops that gather as dead code.
+The step hands :func:`lookup_hook` to the layer context; ``jaxsmp.nn.Embed`` asks it
+for its rows before falling back to ``take``. The table's ``Variable`` still holds
+the gathered table for any other reader (``attend``, user code); when nothing reads
+it, XLA drops that gather as dead code.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Iterator
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxsmp.nn.embed import Embed
-
-_SHARDS: contextvars.ContextVar[dict] = contextvars.ContextVar("jaxsmp_embed_shards",
-                                                               default={})
+from jaxsmp.nn.param import logical_axes
 
 
 def sharded_take(shard: jax.Array, tokens: jax.Array, dtype, axis_name: str = "sdp"
@@ -50,54 +44,24 @@ def sharded_take(shard: jax.Array, tokens: jax.Array, dtype, axis_name: str = "s
     return rows.reshape(tokens.shape + (p * shard.shape[1],))
 
 
-class ShardedLookupEmbed(Embed):
-    """An :class:`Embed` whose lookup runs on its ``sdp`` shard (inside a step)."""
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        entry = _SHARDS.get().get(id(self))
-        if entry is None:
-            return super().__call__(tokens)
-        shard, dtype = entry
-        return sharded_take(shard, tokens, dtype)
+def is_lookup_table(var: nnx.Variable, sdp_dim: Callable[[nnx.Variable], int | None]) -> bool:
+    """A 2-D ``[vocab, embed]`` float table split over sdp on its columns."""
+    value = var[...]
+    return (value.ndim == 2 and jnp.issubdtype(value.dtype, jnp.floating)
+            and logical_axes(var) == ("vocab", "embed") and sdp_dim(var) == 1)
 
 
-def _embeds(model: nnx.Module) -> Iterator[tuple[tuple, Embed]]:
-    for path, node in nnx.iter_graph(model):
-        if type(node) is Embed:  # subclasses may override the lookup
-            yield tuple(path), node
+def lookup_hook(local: nnx.State, gathered: nnx.State, tables: set[int], dtype
+                ) -> Callable[[nnx.Variable, jax.Array], jax.Array | None]:
+    """``hook(table_variable, tokens)``: rows from the local shard for the tables
+    (``id`` in ``tables`` of a ``local`` variable; ``gathered`` has the same structure),
+    ``None`` for any other table."""
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    shards = {id(g): l[...] for l, g in zip(jax.tree.leaves(local, is_leaf=is_var),
+                                            jax.tree.leaves(gathered, is_leaf=is_var))
+              if id(l) in tables}
 
-
-def lookup_tables(graphdef: nnx.GraphDef, params: nnx.State, sdp_dim) -> dict[int, tuple]:
-    """``{id(variable): module path}`` of the ``Embed`` tables in ``params`` sharded over
-    ``sdp`` on their columns (``sdp_dim(variable) == 1``)."""
-    flat = {tuple(path): var for path, var in
-            jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(
-                x, nnx.Variable))[0]}
-    keyed = {tuple(getattr(k, "key", getattr(k, "name", k)) for k in path): var
-             for path, var in flat.items()}
-    found = {}
-    for path, _ in _embeds(nnx.merge(graphdef, params)):
-        var = keyed.get(path + ("embedding",))
-        if (var is not None and var[...].ndim == 2  # not stacked in a layer scan
-                and jnp.issubdtype(var[...].dtype, jnp.floating) and sdp_dim(var) == 1):
-            found[id(var)] = path
-    return found
-
-
-@contextlib.contextmanager
-def sharded_lookups(model: nnx.Module, shards: dict[tuple, tuple]) -> Iterator[None]:
-    """Within the block, the ``Embed`` modules of ``model`` at the paths of ``shards``
-    (``{path: (local shard, compute dtype)}``) look up from their shards."""
-    swapped = {}
-    for path, node in _embeds(model):
-        if path in shards:
-            swapped[id(node)] = (node, shards[path])
-    token = _SHARDS.set({**_SHARDS.get(), **{k: v[1] for k, v in swapped.items()}})
-    for node, _ in swapped.values():
-        object.__setattr__(node, "__class__", ShardedLookupEmbed)
-    try:
-        yield
-    finally:
-        for node, _ in swapped.values():
-            object.__setattr__(node, "__class__", Embed)
-        _SHARDS.reset(token)
+    def hook(table: nnx.Variable, tokens: jax.Array) -> jax.Array | None:
+        shard = shards.get(id(table))
+        return None if shard is None else sharded_take(shard, tokens, dtype)
+    return hook

@@ -30,7 +30,7 @@ from jaxsmp.pipeline.runner import Pipeline, virtual_layer_order
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
-from jaxsmp.train.embed_lookup import lookup_tables, sharded_lookups
+from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
 from jaxsmp.train.param_gather import (MANUAL_AXES, PIPELINE_AXIS, gather_tree, is_stacked,
                                        manual_spec, mesh_axes, sdp_dim)
 from jaxsmp.train.precision import precision_policy
@@ -116,18 +116,17 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
     # Embed tables sharded on their columns are looked up from their shards (no
     # table gather); their gathered values stay available to other readers, one
     # gather each, which XLA drops when unused (see jaxsmp.train.embed_lookup)
-    tables = lookup_tables(graphdef, params, sdp_dim)
+    tables = {id(v) for v in jax.tree.leaves(params, is_leaf=_is_var)
+              if not is_stacked(v) and is_lookup_table(v, sdp_dim)}
     top = gather_tree(params, dtype, algorithm,
                       select=lambda v: not is_stacked(v) and id(v) not in tables,
                       bucket=options.bucket)
-    local = {tables[id(v)]: (v[...], dtype) for v in jax.tree.leaves(params, is_leaf=_is_var)
-             if id(v) in tables}
     top = gather_tree(top, dtype, algorithm, select=lambda v: id(v) in tables)
     ctx = LayerContext(gather=lambda s: gather_tree(s, dtype, algorithm, bucket=options.bucket),
-                       remat=options.remat, pipeline=pipeline)
-    model = nnx.merge(graphdef, top)
-    with layer_context(ctx), sharded_lookups(model, local):
-        out = fn(model, batch)
+                       remat=options.remat, pipeline=pipeline,
+                       embed_lookup=lookup_hook(params, top, tables, dtype))
+    with layer_context(ctx):
+        out = fn(nnx.merge(graphdef, top), batch)
     loss, metrics = out if isinstance(out, tuple) else (out, {})
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 

@@ -3,8 +3,11 @@ values and table gradients (float32, exact up to summation order: atol 1e-6)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
+import jaxsmp
+from conftest import next_token_loss
 from jaxsmp.train.embed_lookup import sharded_take
 
 
@@ -31,3 +34,11 @@ def test_sharded_take_matches_gathered_take():
     expected = np.zeros((50, 16), np.float32)
     np.add.at(expected, np.asarray(tokens), np.asarray(weights))
     np.testing.assert_allclose(g1, expected, atol=1e-5)
+
+
+def test_the_step_looks_embeddings_up_from_shards(tiny_config, tokens):
+    # With XLA's collectives the only all-to-all in the step is the sharded lookup's.
+    state = jaxsmp.init(tiny_config.build, optax.sgd(0.1),
+                        jaxsmp.Mesh(sdp=8, collectives="xla"))
+    text = jaxsmp.step(next_token_loss).lower(state, {"tokens": tokens}).as_text()
+    assert "all_to_all" in text
