@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import pallas as pl
 
 # Finite stand-in for -inf: a fully masked tile then gives exp(0) terms that the online
 # softmax rescales to zero once a real key is seen, instead of NaNs from (-inf) - (-inf).
@@ -45,3 +46,18 @@ def block_scores(q: jax.Array, k: jax.Array, *, scale: float, q_start: jax.Array
     if mask is not None:
         s = jnp.where(mask, s, MASK_VALUE)
     return s
+
+
+def key_block_scores(q: jax.Array, k_ref, v_ref, seg_ref, kb: jax.Array, *, block_k: int,
+                     scale: float, q_start: jax.Array, causal: bool,
+                     slope: jax.Array | None, q_segments: jax.Array | None
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(k, v, scores) of key block ``kb``: its rows of ``k_ref``/``v_ref`` and the
+    :func:`block_scores` of ``q`` against them."""
+    k_start = kb * block_k
+    k = k_ref[pl.ds(k_start, block_k), :]
+    v = v_ref[pl.ds(k_start, block_k), :]
+    k_segments = None if seg_ref is None else seg_ref[pl.ds(k_start, block_k)]
+    s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=causal,
+                     slope=slope, q_segments=q_segments, k_segments=k_segments)
+    return k, v, s

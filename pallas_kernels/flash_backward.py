@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_scores import block_scores, dot_nn, dot_nt, dot_tn
+from pallas_kernels.block_scores import block_scores, dot_nn, dot_nt, dot_tn, key_block_scores
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_ref, dq_ref, *,
@@ -26,12 +26,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_r
     q_segments = None if seg_ref is None else seg_ref[pl.ds(q_start, block_q)]
 
     def body(kb, dq):
-        k_start = kb * block_k
-        k = k_ref[pl.ds(k_start, block_k), :]
-        v = v_ref[pl.ds(k_start, block_k), :]
-        k_segments = None if seg_ref is None else seg_ref[pl.ds(k_start, block_k)]
-        s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=causal,
-                         slope=slope, q_segments=q_segments, k_segments=k_segments)
+        k, v, s = key_block_scores(q, k_ref, v_ref, seg_ref, kb, block_k=block_k, scale=scale,
+                                   q_start=q_start, causal=causal, slope=slope,
+                                   q_segments=q_segments)
         p = jnp.exp(s - lse[:, None])
         ds = p * (dot_nt(do, v) - delta[:, None])
         return dq + dot_nn(ds.astype(k.dtype), k)

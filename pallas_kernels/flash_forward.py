@@ -9,7 +9,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_scores import block_scores, dot_nn
+from pallas_kernels.block_scores import dot_nn, key_block_scores
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, slope_ref, seg_ref, o_ref, lse_ref, *,
@@ -22,12 +22,9 @@ def _forward_kernel(q_ref, k_ref, v_ref, slope_ref, seg_ref, o_ref, lse_ref, *,
 
     def body(kb, carry):
         acc, m, l = carry
-        k_start = kb * block_k
-        k = k_ref[pl.ds(k_start, block_k), :]
-        v = v_ref[pl.ds(k_start, block_k), :]
-        k_segments = None if seg_ref is None else seg_ref[pl.ds(k_start, block_k)]
-        s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=causal,
-                         slope=slope, q_segments=q_segments, k_segments=k_segments)
+        _, v, s = key_block_scores(q, k_ref, v_ref, seg_ref, kb, block_k=block_k, scale=scale,
+                                   q_start=q_start, causal=causal, slope=slope,
+                                   q_segments=q_segments)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         correction = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[:, None])
