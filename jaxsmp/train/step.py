@@ -134,8 +134,7 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
 def _replica_axes(var: nnx.Variable) -> tuple[str, ...]:
     """The data axes a parameter is replicated over: always dp, and sdp unless the
     parameter is split over it (e.g. sdp=1)."""
-    sharded = any(d == "sdp" or (isinstance(d, tuple) and "sdp" in d) for d in mesh_axes(var))
-    return ("dp",) if sharded else ("dp", "sdp")
+    return ("dp",) if sdp_dim(var) is not None else ("dp", "sdp")
 
 
 def _vary_over_replicas(params: nnx.State) -> nnx.State:

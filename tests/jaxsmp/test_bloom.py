@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import jaxsmp
-from conftest import assert_causal
+from conftest import assert_causal, train
 from jaxsmp.metrics import train_flops_per_token
 from jaxsmp.models import bloom, count_params, preset
 
@@ -60,15 +60,9 @@ def test_alibi_gives_the_model_word_order():
 
 
 def test_trains_on_sharded_mesh():
-    cfg = _tiny()
-    state = jaxsmp.init(cfg.build, optax.adamw(3e-3), jaxsmp.Mesh(sdp=4, tp=2))
-    train_step = jaxsmp.step(lambda m, b: jaxsmp.losses.next_token_loss(
-        m(b["tokens"]), b["tokens"]))
-    batch = {"tokens": np.random.default_rng(2).integers(0, 256, (8, 32)).astype(np.int32)}
-    losses = []
-    for _ in range(5):
-        state, metrics = train_step(state, batch)
-        losses.append(float(metrics["loss"]))
+    tokens = np.random.default_rng(2).integers(0, 256, (8, 32)).astype(np.int32)
+    _, losses = train(_tiny(), jaxsmp.Mesh(sdp=4, tp=2), tokens, steps=5,
+                      tx=lambda: optax.adamw(3e-3))
     assert losses[-1] < losses[0] - 0.1, losses
 
 

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 import jaxsmp
-from conftest import assert_causal
+from conftest import assert_causal, train
 from jaxsmp.models import count_params, llama, preset
 
 
@@ -62,15 +62,9 @@ def test_sequence_longer_than_maximum():
 
 
 def test_trains_on_sharded_mesh_with_gqa_heads_split_over_tp():
-    cfg = _tiny()
-    state = jaxsmp.init(cfg.build, optax.adamw(3e-3), jaxsmp.Mesh(sdp=4, tp=2))
+    tokens = np.random.default_rng(2).integers(0, 256, (8, 32)).astype(np.int32)
+    state, losses = train(_tiny(), jaxsmp.Mesh(sdp=4, tp=2), tokens, steps=5,
+                          tx=lambda: optax.adamw(3e-3))
     k = state.params["layers"]["layers"]["self_attn"]["k_proj"]["kernel"][...]
     assert k.shape == (2, 128, 64) and "tp" in str(k.sharding.spec)
-    train_step = jaxsmp.step(lambda m, b: jaxsmp.losses.next_token_loss(
-        m(b["tokens"]), b["tokens"]))
-    batch = {"tokens": np.random.default_rng(2).integers(0, 256, (8, 32)).astype(np.int32)}
-    losses = []
-    for _ in range(5):
-        state, metrics = train_step(state, batch)
-        losses.append(float(metrics["loss"]))
     assert losses[-1] < losses[0] - 0.1, losses

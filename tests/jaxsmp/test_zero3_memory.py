@@ -6,7 +6,6 @@ and outputs of the step besides parameters and optimizer state).
 import re
 
 import jax
-import numpy as np
 import optax
 import pytest
 
