@@ -33,7 +33,7 @@ import optax  # noqa: E402
 import jaxsmp  # noqa: E402
 from jaxsmp.checkpoint import CheckpointManager, abstract_state, describe_model  # noqa: E402
 from jaxsmp.models import count_params, preset  # noqa: E402
-from jaxsmp.trainer.loop import next_token_loss  # noqa: E402
+from jaxsmp.losses import causal_lm_loss  # noqa: E402
 
 
 def du(path: Path) -> int:
@@ -76,7 +76,7 @@ def main() -> None:
           f"{state_bytes / 2**30:.2f} GiB (params + AdamW moments), init {t_init:.1f}s",
           flush=True)
 
-    train_step = jaxsmp.step(next_token_loss)
+    train_step = jaxsmp.step(causal_lm_loss)
     rng = np.random.default_rng(0)
     b = batch(rng, cfg.vocab_size, args.batch_size, args.seq_len)
     state, t_compile = timed(lambda: run_step(train_step, state, b))

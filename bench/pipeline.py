@@ -45,10 +45,6 @@ from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
 SEQ, BATCH = 128, 32
 
 
-def loss_fn(model, batch):
-    return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
-
-
 def _peak_bytes(memory) -> int:
     return (memory.argument_size_in_bytes + memory.output_size_in_bytes
             + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
@@ -60,7 +56,7 @@ def train_row(config, pp: int, schedule: str, microbatches: int, steps: int) -> 
     options = dict(microbatches=microbatches if pp > 1 else 1)
     if pp > 1:
         options.update(pipeline=schedule, virtual_chunks=2)
-    train_step = jaxsmp.step(loss_fn, **options)
+    train_step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)
     tokens = np.random.default_rng(0).integers(0, config.vocab_size, (BATCH, SEQ), np.int32)
     batch = {"tokens": tokens}
     memory = train_step.lower(state, batch).compile().memory_analysis()

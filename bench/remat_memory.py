@@ -23,14 +23,14 @@ import optax  # noqa: E402
 
 import jaxsmp  # noqa: E402
 from jaxsmp.nn.remat import POLICIES  # noqa: E402
-from jaxsmp.trainer.loop import next_token_loss  # noqa: E402
+from jaxsmp.losses import causal_lm_loss  # noqa: E402
 
 
 def temp_bytes(hidden: int, layers: int, sdp: int, remat: str) -> int:
     cfg = jaxsmp.models.preset("gpt_neox", "tiny", hidden_size=hidden, num_hidden_layers=layers,
                                intermediate_size=4 * hidden, attention_impl="reference")
     state = jaxsmp.init(cfg.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=sdp, collectives="xla"))
-    lowered = jaxsmp.step(next_token_loss, remat=remat).lower(
+    lowered = jaxsmp.step(causal_lm_loss, remat=remat).lower(
         state, {"tokens": np.zeros((16, 64), np.int32)})
     return lowered.compile().memory_analysis().temp_size_in_bytes
 

@@ -33,10 +33,6 @@ import jaxsmp  # noqa: E402
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token  # noqa: E402
 
 
-def loss_fn(model, batch):
-    return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
-
-
 def _fsdp_spec(x, n: int, stacked: bool) -> P:
     dims = [None] * x.ndim
     for i in range(1 if stacked else 0, x.ndim):
@@ -67,7 +63,7 @@ def baseline(config, tx):
     @jax.jit
     def step(params, opt_state, batch):
         def f(p):
-            return loss_fn(nnx.merge(graphdef, p), batch)
+            return jaxsmp.losses.causal_lm_loss(nnx.merge(graphdef, p), batch)
         loss, grads = jax.value_and_grad(f)(params)
         grads = optax.clip_by_global_norm(1.0).update(grads, None)[0]
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -83,7 +79,7 @@ def baseline(config, tx):
 
 def ours(config, tx, **options):
     state = jaxsmp.init(config.build, tx, jaxsmp.Mesh(sdp=8, collectives="xla"))
-    train_step = jaxsmp.step(loss_fn, **options)
+    train_step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)
 
     def run(state, batch):
         state, metrics = train_step(state, batch)

@@ -15,7 +15,7 @@ Llama 2 trains through the same code: ``--model llama --preset 7b``.
 """
 import sys
 
-from jaxsmp.trainer.entry import main
+from jaxsmp.cli.entry import main
 
 if __name__ == "__main__":
     main(sys.argv[1:], model="bloom")

@@ -8,7 +8,7 @@ of the Python documentation bundled with every CPython. On a GPU cluster:
 """
 import sys
 
-from jaxsmp.trainer.entry import main
+from jaxsmp.cli.entry import main
 
 if __name__ == "__main__":
     main(sys.argv[1:], model="gpt_neox")

@@ -5,13 +5,13 @@
 
     @jaxsmp.step(microbatches=4, precision="bf16", remat="full")
     def train_step(model, batch):
-        return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
+        return jaxsmp.losses.causal_lm_loss(model, batch)
 
     state, metrics = train_step(state, batch)
     jaxsmp.save("ckpt", state)                      # jaxsmp.checkpoint for more
     state = jaxsmp.restore("ckpt", state)           # latest, onto state's mesh
 """
-from jaxsmp import checkpoint, losses, models, nn, sharding
+from jaxsmp import checkpoint, hf, losses, models, nn, pipeline, sharding
 from jaxsmp.checkpoint import restore, save
 from jaxsmp.mesh import Mesh
 from jaxsmp.sharding.rules import DEFAULT_RULES
@@ -19,4 +19,5 @@ from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import StepOptions, eval_step, step
 
 __all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "checkpoint", "eval_step",
-           "init", "losses", "models", "nn", "restore", "save", "sharding", "step"]
+           "hf", "init", "losses", "models", "nn", "pipeline", "restore", "save", "sharding",
+           "step"]

@@ -21,3 +21,8 @@ def cross_entropy(logits: jax.Array, targets: jax.Array,
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """Cross-entropy of predicting ``tokens[:, 1:]`` from ``logits[:, :-1]``."""
     return cross_entropy(logits[:, :-1], tokens[:, 1:])
+
+
+def causal_lm_loss(model, batch: dict) -> jax.Array:
+    """The trainer's loss: :func:`next_token_loss` of ``model(batch["tokens"])``."""
+    return next_token_loss(model(batch["tokens"]), batch["tokens"])

@@ -1,4 +1,4 @@
-"""Runs ``jaxsmp.trainer.run`` and SIGKILLs its own process in the middle of saving
+"""Runs ``jaxsmp.cli.run`` and SIGKILLs its own process in the middle of saving
 checkpoint step ``kill_step``: after the arrays and metadata are written into the
 temporary step directory, just before orbax commits it by renaming it into place.
 
@@ -15,7 +15,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
-from jaxsmp.trainer import TrainConfig, run  # noqa: E402
+from jaxsmp.cli import TrainConfig, run  # noqa: E402
 
 
 def kill_during_commit(step: str) -> None:

@@ -9,10 +9,6 @@ import pytest
 import jaxsmp
 
 
-def next_token_loss(model, batch):
-    return jaxsmp.losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
-
-
 @pytest.fixture(scope="session")
 def tiny_config():
     return jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=2,
@@ -33,7 +29,7 @@ def train(config, mesh: jaxsmp.Mesh, tokens: np.ndarray, steps: int = 3,
           **step_options):
     """(final state, losses) of ``steps`` steps on the same batch."""
     state = jaxsmp.init(config.build, tx(), mesh, seed=0)
-    train_step = jaxsmp.step(next_token_loss, **step_options)
+    train_step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, **step_options)
     losses = []
     for _ in range(steps):
         state, metrics = train_step(state, {"tokens": tokens})

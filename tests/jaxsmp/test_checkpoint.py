@@ -19,7 +19,7 @@ from jaxsmp.checkpoint import (CheckpointCorruptError, CheckpointExistsError,
                                restore_latest)
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
 from jaxsmp.models import preset
-from jaxsmp.trainer.loop import next_token_loss
+from jaxsmp.losses import causal_lm_loss
 
 CFG = preset("gpt_neox", "tiny", num_hidden_layers=2)
 MODEL = describe_model(CFG, family="gpt_neox", preset="tiny")
@@ -52,7 +52,7 @@ def data() -> TokenBatches:
 
 @pytest.fixture(scope="module")
 def train_step():
-    return jaxsmp.step(next_token_loss)
+    return jaxsmp.step(causal_lm_loss)
 
 
 @pytest.fixture(scope="module")

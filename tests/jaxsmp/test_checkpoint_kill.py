@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from jaxsmp.checkpoint import CheckpointManager
-from jaxsmp.trainer import TrainConfig, run
+from jaxsmp.cli import TrainConfig, run
 
 WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
 CFG = TrainConfig(preset="tiny", batch_size=8, seq_len=32, steps=6, eval_every=0,

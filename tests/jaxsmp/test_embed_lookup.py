@@ -7,7 +7,7 @@ import optax
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jaxsmp
-from conftest import next_token_loss
+from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.embed_lookup import sharded_take
 
 
@@ -40,5 +40,5 @@ def test_the_step_looks_embeddings_up_from_shards(tiny_config, tokens):
     # With XLA's collectives the only all-to-all in the step is the sharded lookup's.
     state = jaxsmp.init(tiny_config.build, optax.sgd(0.1),
                         jaxsmp.Mesh(sdp=8, collectives="xla"))
-    text = jaxsmp.step(next_token_loss).lower(state, {"tokens": tokens}).as_text()
+    text = jaxsmp.step(causal_lm_loss).lower(state, {"tokens": tokens}).as_text()
     assert "all_to_all" in text

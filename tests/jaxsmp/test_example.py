@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxsmp.trainer import parse_args, run
+from jaxsmp.cli import parse_args, run
 
 ROOT = Path(__file__).parents[2]
 

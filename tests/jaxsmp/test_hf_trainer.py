@@ -7,7 +7,7 @@ import pytest
 from hf_models import hf_logits_and_loss, hf_model
 
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
-from jaxsmp.trainer import TrainConfig, run
+from jaxsmp.cli import TrainConfig, run
 
 RUN = dict(steps=2, batch_size=8, seq_len=32, eval_every=0, progress=False, tp=2,
            attention="reference")

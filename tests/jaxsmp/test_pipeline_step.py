@@ -65,12 +65,12 @@ def test_one_f_one_b_needs_less_activation_memory(config):
     """Same model, mesh and microbatch count: 1F1B keeps at most p stage inputs,
     GPipe every microbatch's activations (measured: ~11 MiB vs ~51 MiB temporaries)."""
     import optax
-    from conftest import next_token_loss
+    from jaxsmp.losses import causal_lm_loss
     tokens = np.random.default_rng(0).integers(0, 256, (32, 128)).astype(np.int32)
     state = jaxsmp.init(config.build, optax.adamw(1e-3), jaxsmp.Mesh(pp=2, sdp=4))
     temp = {}
     for schedule in ("simple", "interleaved"):
-        step = jaxsmp.step(next_token_loss, microbatches=8, pipeline=schedule)
+        step = jaxsmp.step(causal_lm_loss, microbatches=8, pipeline=schedule)
         memory = step.lower(state, {"tokens": tokens}).compile().memory_analysis()
         temp[schedule] = memory.temp_size_in_bytes
     assert temp["interleaved"] < 0.5 * temp["simple"], temp
@@ -109,11 +109,11 @@ def test_unknown_pipeline_option():
 
 
 def test_eval_step_with_pipeline(config, tokens, pp4_state):
-    from conftest import next_token_loss
+    from jaxsmp.losses import causal_lm_loss
     import optax
     single = jaxsmp.init(config.build, optax.adamw(1e-3), single_device_mesh())
-    expected = float(jaxsmp.eval_step(next_token_loss)(single, {"tokens": tokens})["loss"])
-    got = jaxsmp.eval_step(next_token_loss, microbatches=4)(pp4_state, {"tokens": tokens})
+    expected = float(jaxsmp.eval_step(causal_lm_loss)(single, {"tokens": tokens})["loss"])
+    got = jaxsmp.eval_step(causal_lm_loss, microbatches=4)(pp4_state, {"tokens": tokens})
     np.testing.assert_allclose(float(got["loss"]), expected, rtol=1e-5)
 
 

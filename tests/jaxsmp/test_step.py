@@ -6,7 +6,8 @@ import optax
 import pytest
 
 import jaxsmp
-from conftest import leaves, next_token_loss, train
+from conftest import leaves, train
+from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.precision import LossScale
 
 
@@ -48,7 +49,7 @@ def test_fp16_overflow_skips_the_step_and_keeps_parameters(tiny_config, tokens):
     state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), mesh,
                         loss_scale=LossScale.create(initial=2.0 ** 24))  # overflows fp16
     before = leaves(state)
-    train_step = jaxsmp.step(next_token_loss, precision="fp16")
+    train_step = jaxsmp.step(causal_lm_loss, precision="fp16")
     state, metrics = train_step(state, {"tokens": tokens})
     assert int(metrics["skipped"]) == 1
     assert float(metrics["loss_scale"]) == 2.0 ** 23
@@ -66,7 +67,7 @@ def test_metrics_and_no_recompilation(tiny_config, tokens):
     mesh = jaxsmp.Mesh(sdp=4, tp=2)
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=3e-4)
     state = jaxsmp.init(tiny_config.build, tx, mesh)
-    train_step = jaxsmp.step(next_token_loss)
+    train_step = jaxsmp.step(causal_lm_loss)
     for _ in range(3):
         state, metrics = train_step(state, {"tokens": tokens})
     assert set(metrics) >= {"loss", "grad_norm", "learning_rate", "skipped"}
@@ -79,7 +80,7 @@ def test_user_metrics_and_eval_step(tiny_config, tokens):
     mesh = jaxsmp.Mesh(dp=2, sdp=4)
 
     def loss_with_metrics(model, batch):
-        loss = next_token_loss(model, batch)
+        loss = causal_lm_loss(model, batch)
         return loss, {"twice": 2 * loss}  # metrics are averaged over devices
 
     state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), mesh)
@@ -93,15 +94,15 @@ def test_user_metrics_and_eval_step(tiny_config, tokens):
 
 def test_batch_not_divisible_names_the_sizes(tiny_config, tokens):
     state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), jaxsmp.Mesh(dp=2, sdp=4))
-    train_step = jaxsmp.step(next_token_loss, microbatches=4)
+    train_step = jaxsmp.step(causal_lm_loss, microbatches=4)
     with pytest.raises(ValueError, match=r"global batch size 16 .* \(8\) x microbatches \(4\) = 32"):
         train_step(state, {"tokens": tokens})
 
 
 def test_bad_step_options():
     with pytest.raises(ValueError, match=r"unknown precision 'fp8'"):
-        jaxsmp.step(next_token_loss, precision="fp8")
+        jaxsmp.step(causal_lm_loss, precision="fp8")
     with pytest.raises(ValueError, match=r"unknown remat policy 'some'"):
-        jaxsmp.step(next_token_loss, remat="some")
+        jaxsmp.step(causal_lm_loss, remat="some")
     with pytest.raises(ValueError, match=r"microbatches must be a positive integer, got 0"):
-        jaxsmp.step(next_token_loss, microbatches=0)
+        jaxsmp.step(causal_lm_loss, microbatches=0)

@@ -10,7 +10,8 @@ import optax
 import pytest
 
 import jaxsmp
-from conftest import next_token_loss, single_device_mesh
+from conftest import single_device_mesh
+from jaxsmp.losses import causal_lm_loss
 
 SLACK = 4096
 
@@ -26,7 +27,7 @@ def compiled(tiny_config, tokens):
     meshes = [("single", single_device_mesh()), ("sdp8", jaxsmp.Mesh(sdp=8, collectives="xla"))]
     for name, mesh in meshes:
         state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), mesh)
-        lowered = jaxsmp.step(next_token_loss).lower(state, {"tokens": tokens})
+        lowered = jaxsmp.step(causal_lm_loss).lower(state, {"tokens": tokens})
         out[name] = (state, lowered, lowered.compile().memory_analysis())
     return out
 

@@ -7,8 +7,8 @@ import jax
 
 from jaxsmp import distributed
 from jaxsmp.simulated_devices import simulate_cpu_devices
-from jaxsmp.trainer.config import parse_args
-from jaxsmp.trainer.loop import run
+from jaxsmp.cli.config import parse_args
+from jaxsmp.cli.loop import run
 
 
 def main(argv: list[str] | None = None, *, model: str) -> None:

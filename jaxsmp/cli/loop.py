@@ -19,7 +19,7 @@ from jaxsmp.models import preset
 from jaxsmp.train.batch import to_host
 from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import eval_step, step
-from jaxsmp.trainer.config import TrainConfig
+from jaxsmp.cli.config import TrainConfig
 
 
 @dataclass
@@ -36,10 +36,6 @@ def adamw(cfg: TrainConfig) -> optax.GradientTransformation:
         0.0, cfg.lr, max(cfg.warmup, 1), max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.1)
     return optax.inject_hyperparams(optax.adamw)(
         learning_rate=schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
-
-
-def next_token_loss(model, batch):
-    return losses.next_token_loss(model(batch["tokens"]), batch["tokens"])
 
 
 def build(cfg: TrainConfig) -> tuple[TrainState, object]:
@@ -93,10 +89,10 @@ def run(cfg: TrainConfig) -> History:
     data = TokenBatches(tokenizer.encode(load_corpus(cfg.data)), cfg.batch_size, cfg.seq_len,
                         cfg.seed)
     train_data, eval_data = data.split()
-    train_step = step(next_token_loss, microbatches=cfg.microbatches,
+    train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
                       precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
                       pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks)
-    evaluate = eval_step(next_token_loss, precision=cfg.precision)
+    evaluate = eval_step(losses.causal_lm_loss, precision=cfg.precision)
     flops_per_token = train_flops_per_token(model_cfg, cfg.seq_len)
     peak, peak_source = peak_flops_per_device()
     tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.init_from_hf or cfg.preset} | "

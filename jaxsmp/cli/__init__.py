@@ -1,5 +1,5 @@
 """The training loop the example scripts share: flags, progress bar, evaluation."""
-from jaxsmp.trainer.config import TrainConfig, parse_args
-from jaxsmp.trainer.loop import run
+from jaxsmp.cli.config import TrainConfig, parse_args
+from jaxsmp.cli.loop import run
 
 __all__ = ["TrainConfig", "parse_args", "run"]
