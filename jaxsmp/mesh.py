@@ -11,7 +11,8 @@ import numpy as np
 # Outermost to innermost. tp varies fastest, so tp groups and then sdp groups are
 # formed from consecutive devices of one host; dp replicas go across hosts.
 AXES = ("dp", "pp", "sdp", "tp")
-DATA_AXES = ("dp", "sdp")
+DATA_AXES = ("dp", "sdp")   # the batch is split over these
+PIPELINE_AXIS = "pp"
 
 
 def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.ndarray:
@@ -78,6 +79,13 @@ class Mesh:
     def data_size(self) -> int:
         """How many ways the global batch is split (dp x sdp)."""
         return self.dp * self.sdp
+
+    @property
+    def manual_axes(self) -> tuple[str, ...]:
+        """The axes the train step handles by hand (``shard_map``): data and pipeline
+        axes of size > 1. ``tp`` and axes of size 1 are left to GSPMD (XLA rejects
+        collectives over size-1 manual axes beside automatic ones)."""
+        return tuple(a for a in DATA_AXES + (PIPELINE_AXIS,) if getattr(self, a) > 1)
 
     def sharding(self, spec: jax.sharding.PartitionSpec) -> jax.sharding.NamedSharding:
         return jax.sharding.NamedSharding(self.jax_mesh, spec)

@@ -20,12 +20,10 @@ from jax.sharding import PartitionSpec as P
 
 import collectives
 
-MANUAL_AXES = ("dp", "sdp")
 # Bucketing merges small parameters' collectives into one; a parameter whose gathered
 # size exceeds this already fills a collective on its own, and copying it into and
 # out of the flat buffer only costs memory traffic (cf. PyTorch DDP's bucket_cap_mb).
 BUCKET_MAX_BYTES = 4 << 20
-PIPELINE_AXIS = "pp"  # also manual in the step's shard_map when pp > 1
 
 
 def _is_var(x) -> bool:
@@ -53,11 +51,11 @@ def sdp_dim(variable: nnx.Variable) -> int | None:
     return _sdp_dim(mesh_axes(variable), variable[...].ndim)
 
 
-def manual_spec(axes: tuple) -> P:
-    """The ``shard_map`` spec of a parameter: only its manual (data, pipeline) axes."""
+def manual_spec(axes: tuple, manual: tuple[str, ...]) -> P:
+    """The ``shard_map`` spec of an array split over mesh ``axes``: only its ``manual`` axes."""
     def keep(dim):
         names = (dim,) if isinstance(dim, str) else (dim or ())
-        kept = tuple(a for a in names if a in MANUAL_AXES + (PIPELINE_AXIS,))
+        kept = tuple(a for a in names if a in manual)
         return kept[0] if len(kept) == 1 else (kept or None)
     return P(*[keep(d) for d in axes])
 
@@ -139,11 +137,12 @@ def gather_variable(var: nnx.Variable, dtype, algorithm: str) -> nnx.Variable:
 def _gather_bucketed(state: nnx.State, dtype, algorithm: str,
                      select: Callable[[nnx.Variable], bool]) -> nnx.State:
     variables, treedef = jax.tree.flatten(state, is_leaf=_is_var)
-    gathered_bytes = jax.lax.axis_size("sdp") * jnp.dtype(dtype).itemsize
+    def small(v):  # gathered size, only asked of parameters split over sdp
+        return v[...].size * jax.lax.axis_size("sdp") * jnp.dtype(dtype).itemsize \
+            <= BUCKET_MAX_BYTES
     picked = [i for i, v in enumerate(variables) if select(v)
               and jnp.issubdtype(v[...].dtype, jnp.floating)
-              and _sdp_dim(mesh_axes(v), v[...].ndim) is not None
-              and v[...].size * gathered_bytes <= BUCKET_MAX_BYTES]
+              and _sdp_dim(mesh_axes(v), v[...].ndim) is not None and small(v)]
     out = [gather_variable(v, dtype, algorithm) if select(v) and i not in picked else v
            for i, v in enumerate(variables)]
     if picked:

@@ -31,8 +31,8 @@ from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
-from jaxsmp.train.param_gather import (MANUAL_AXES, PIPELINE_AXIS, gather_tree, is_stacked,
-                                       manual_spec, mesh_axes, sdp_dim)
+from jaxsmp.mesh import DATA_AXES, Mesh
+from jaxsmp.train.param_gather import gather_tree, is_stacked, manual_spec, mesh_axes, sdp_dim
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
 
@@ -76,12 +76,28 @@ def _is_var(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def _param_specs(params: nnx.State) -> Any:
-    return jax.tree.map(lambda v: manual_spec(mesh_axes(v)), params, is_leaf=_is_var)
+def _param_specs(params: nnx.State, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda v: manual_spec(mesh_axes(v), mesh.manual_axes), params,
+                        is_leaf=_is_var)
 
 
-def _batch_specs(batch: Any) -> Any:
-    return jax.tree.map(lambda x: batch_spec(x.ndim), batch)
+def _batch_specs(batch: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda x: manual_spec(tuple(batch_spec(x.ndim)), mesh.manual_axes),
+                        batch)
+
+
+def _data_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The manual axes the batch is split over (averages of losses and metrics)."""
+    return tuple(a for a in mesh.manual_axes if a in DATA_AXES)
+
+
+def _shard_map(body, mesh: Mesh, in_specs, out_specs):
+    """``body`` manual over ``mesh.manual_axes``; with none (e.g. a ``tp``-only mesh)
+    ``body`` runs on the global arrays and GSPMD partitions it."""
+    if not mesh.manual_axes:
+        return body
+    return jax.shard_map(body, mesh=mesh.jax_mesh, axis_names=set(mesh.manual_axes),
+                         in_specs=in_specs, out_specs=out_specs)
 
 
 def _pipeline(mesh, options: StepOptions) -> Pipeline | None:
@@ -94,10 +110,6 @@ def _pipeline(mesh, options: StepOptions) -> Pipeline | None:
         return None
     chunks = options.virtual_chunks if options.pipeline == "virtual" else 1
     return Pipeline(options.pipeline, mesh.pp, options.microbatches, chunks)
-
-
-def _manual_axes(mesh) -> set[str]:
-    return set(MANUAL_AXES) | ({PIPELINE_AXIS} if mesh.pp > 1 else set())
 
 
 def _layer_order(state: TrainState, pipeline: Pipeline | None):
@@ -131,23 +143,24 @@ def _forward(fn: LossFn, graphdef: nnx.GraphDef, params: nnx.State, batch: Any,
     return loss.astype(jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
 
-def _replica_axes(var: nnx.Variable) -> tuple[str, ...]:
-    """The data axes a parameter is replicated over: always dp, and sdp unless the
-    parameter is split over it (e.g. sdp=1)."""
-    return ("dp",) if sdp_dim(var) is not None else ("dp", "sdp")
+def _replica_axes(var: nnx.Variable, mesh: Mesh) -> tuple[str, ...]:
+    """The manual data axes a parameter is replicated over: dp, and sdp unless the
+    parameter is split over it."""
+    split = ("sdp",) if sdp_dim(var) is not None else ()
+    return tuple(a for a in _data_axes(mesh) if a not in split)
 
 
-def _vary_over_replicas(params: nnx.State) -> nnx.State:
+def _vary_over_replicas(params: nnx.State, mesh: Mesh) -> nnx.State:
     """Marks float32 parameters as differing per replica, so that their gradients stay
     local (summed once, in float32, by :func:`_sum_over_replicas`) rather than being
     summed implicitly where they are used in the compute dtype."""
-    return jax.tree.map(lambda v: v.replace(jax.lax.pcast(v[...], _replica_axes(v),
+    return jax.tree.map(lambda v: v.replace(jax.lax.pcast(v[...], _replica_axes(v, mesh),
                                                           to="varying")),
                         params, is_leaf=_is_var)
 
 
-def _sum_over_replicas(grads: nnx.State) -> nnx.State:
-    return jax.tree.map(lambda g: g.replace(jax.lax.psum(g[...], _replica_axes(g))),
+def _sum_over_replicas(grads: nnx.State, mesh: Mesh) -> nnx.State:
+    return jax.tree.map(lambda g: g.replace(jax.lax.psum(g[...], _replica_axes(g, mesh))),
                         grads, is_leaf=_is_var)
 
 
@@ -162,7 +175,7 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
     norm = m * state.mesh.data_size
 
     def body(params: nnx.State, batch: Any, scale: jax.Array):
-        params = _vary_over_replicas(params)  # one sum over replicas after the scan
+        params = _vary_over_replicas(params, state.mesh)  # one sum over replicas after the scan
 
         def micro(acc, mbatch):
             def scaled_loss(p):
@@ -175,8 +188,8 @@ def _local_gradients(fn: LossFn, state: TrainState, options: StepOptions, algori
 
         zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
         acc, (losses, metrics) = jax.lax.scan(micro, zeros, split_microbatches(batch, m))
-        grads = _sum_over_replicas(acc)
-        mean = lambda x: jax.lax.pmean(x.mean(), MANUAL_AXES)  # noqa: E731
+        grads = _sum_over_replicas(acc, state.mesh)
+        mean = lambda x: jax.lax.pmean(x.mean(), _data_axes(state.mesh))  # noqa: E731
         return grads, mean(losses), jax.tree.map(mean, metrics)
     return body
 
@@ -187,15 +200,15 @@ def _one_f_one_b_body(fn: LossFn, state: TrainState, options: StepOptions, algor
     norm = m * state.mesh.data_size
 
     def body(params: nnx.State, batch: Any, scale: jax.Array):
-        params = _vary_over_replicas(params)  # one sum over replicas at the end
+        params = _vary_over_replicas(params, state.mesh)  # one sum over replicas at the end
 
         def forward(p, b, hook):
             return _forward(fn, state.graphdef, p, b, options, algorithm, hook)
         grads, loss, metrics = one_f_one_b.gradients(forward, params, batch, scale / norm,
                                                      stages=state.mesh.pp, microbatches=m,
                                                      branchless=state.mesh.tp > 1)
-        grads = _sum_over_replicas(grads)
-        mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
+        grads = _sum_over_replicas(grads, state.mesh)
+        mean = lambda x: jax.lax.pmean(x, _data_axes(state.mesh))  # noqa: E731
         return grads, mean(loss), jax.tree.map(mean, metrics)
     return body
 
@@ -214,9 +227,8 @@ def _learning_rate(opt_state: Any) -> jax.Array | None:
 
 
 def _apply(state: TrainState, grads: nnx.State, options: StepOptions):
+    """The optimizer update from unscaled gradients (clipped, skipped if not finite)."""
     dynamic = precision_policy(options.precision).loss_scaling
-    if dynamic:
-        grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(grad_norm)
     if options.clip_norm is not None:
@@ -256,30 +268,45 @@ class TrainStep:
         functools.update_wrapper(self, fn)
         self._compiled: dict = {}
 
-    def _jitted(self, state: TrainState):
-        key = jax.tree.structure(state)
+    def _jitted(self, state: TrainState, gradients_only: bool = False):
+        key = (jax.tree.structure(state), gradients_only)
         if key not in self._compiled:
             shardings = state_shardings(state, state.mesh)
-            self._compiled[key] = jax.jit(self._step, donate_argnums=0,
-                                          out_shardings=(shardings, None))
+            if gradients_only:
+                self._compiled[key] = jax.jit(self._gradient_metrics,
+                                              out_shardings=(state_shardings(state.params,
+                                                                             state.mesh), None))
+            else:
+                self._compiled[key] = jax.jit(self._step, donate_argnums=0,
+                                              out_shardings=(shardings, None))
         return self._compiled[key]
 
-    def _step(self, state: TrainState, batch: Any):
+    def _gradients(self, state: TrainState, batch: Any):
+        """(float32 gradients of the mean loss, sharded like the parameters; loss; metrics)."""
         algorithm = self.options.collectives or state.mesh.collectives
         collectives.set_topology_mesh(state.mesh.jax_mesh)  # host groups of sdp for auto
         body = _local_gradients(self.fn, state, self.options, algorithm)
-        specs = _param_specs(state.params)
+        specs = _param_specs(state.params, state.mesh)
         dynamic = precision_policy(self.options.precision).loss_scaling
         scale = state.loss_scale.scale if dynamic else jnp.float32(1.0)
         order = _layer_order(state, _pipeline(state.mesh, self.options))
         params = state.params if order is None else permute_stacked(state.params, state.params,
                                                                      order)
-        grads, loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
-            in_specs=(specs, _batch_specs(batch), P()), out_specs=(specs, P(), P()),
-        )(params, batch, scale)
+        grads, loss, metrics = _shard_map(
+            body, state.mesh, in_specs=(specs, _batch_specs(batch, state.mesh), P()),
+            out_specs=(specs, P(), P()))(params, batch, scale)
         if order is not None:
             grads = permute_stacked(grads, state.params, inverse(order))
+        if dynamic:
+            grads = jax.tree.map(lambda g: g / scale, grads)
+        return grads, loss, metrics
+
+    def _gradient_metrics(self, state: TrainState, batch: Any):
+        grads, loss, metrics = self._gradients(state, batch)
+        return grads, {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
+
+    def _step(self, state: TrainState, batch: Any):
+        grads, loss, metrics = self._gradients(state, batch)
         new_state, update_metrics = _apply(state, grads, self.options)
         return new_state, {"loss": loss, **metrics, **update_metrics}
 
@@ -287,6 +314,14 @@ class TrainStep:
         _check_mesh(state, self.options)
         batch = place_batch(batch, state.mesh, self.options.microbatches)
         return self._jitted(state)(state, batch)
+
+    def gradients(self, state: TrainState, batch: Any) -> tuple[nnx.State, dict]:
+        """The step's gradients without updating anything: float32, sharded like the
+        parameters, unscaled, before clipping; and the metrics ``loss``, ``grad_norm``
+        and the loss function's own. ``state`` is not donated."""
+        _check_mesh(state, self.options)
+        batch = place_batch(batch, state.mesh, self.options.microbatches)
+        return self._jitted(state, gradients_only=True)(state, batch)
 
     def lower(self, state: TrainState, batch: Any):
         """The lowered step (for ``.compile().memory_analysis()`` and cost analysis)."""
@@ -313,13 +348,13 @@ class EvalStep:
         def body(params, batch):
             loss, metrics = _forward(self.fn, state.graphdef, params, batch, self.options,
                                      algorithm, pipeline)
-            mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
+            mean = lambda x: jax.lax.pmean(x, _data_axes(state.mesh))  # noqa: E731
             return mean(loss), jax.tree.map(mean, metrics)
 
-        loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
-            in_specs=(_param_specs(state.params), _batch_specs(batch)), out_specs=(P(), P()),
-        )(state.params, batch)
+        loss, metrics = _shard_map(
+            body, state.mesh,
+            in_specs=(_param_specs(state.params, state.mesh), _batch_specs(batch, state.mesh)),
+            out_specs=(P(), P()))(state.params, batch)
         return {"loss": loss, **metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> dict:

@@ -37,6 +37,28 @@ def train(config, mesh: jaxsmp.Mesh, tokens: np.ndarray, steps: int = 3,
     return state, losses
 
 
+def gradients(config, mesh: jaxsmp.Mesh, tokens: np.ndarray,
+              loss=jaxsmp.losses.causal_lm_loss, **step_options):
+    """(every parameter's first-step gradient as a host array, metrics) on ``mesh``."""
+    state = jaxsmp.init(config.build, optax.sgd(1.0), mesh, seed=0)
+    grads, metrics = jaxsmp.step(loss, **step_options).gradients(state, {"tokens": tokens})
+    return [np.asarray(g) for g in jax.tree.leaves(grads)], jax.tree.map(float, metrics)
+
+
+GRAD_RTOL = 1e-5  # float32: observed <= 1.1e-6 of each parameter's largest gradient
+
+
+def assert_gradients_match(got, want, rtol: float = GRAD_RTOL) -> None:
+    """Every gradient within ``rtol`` of its parameter's largest reference gradient,
+    and ``grad_norm`` within ``rtol``: ``got``/``want`` as returned by :func:`gradients`."""
+    (got_grads, got_metrics), (want_grads, want_metrics) = got, want
+    assert len(got_grads) == len(want_grads)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max(),
+                                   err_msg=f"gradient of parameter {i} {w.shape}")
+    np.testing.assert_allclose(got_metrics["grad_norm"], want_metrics["grad_norm"], rtol=rtol)
+
+
 def leaves(state) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 

@@ -1,14 +1,72 @@
-"""Every parallel configuration trains like the single-device run.
+"""Every parallel configuration computes the single-device gradients and trains alike.
 
-Tolerances: losses agree to rtol 1e-5; parameters after 3 AdamW steps (lr 1e-3)
-agree to atol 2e-4 (AdamW's normalised update turns float32 reduction-order
-noise in tiny gradients into up to ~1e-4 parameter differences).
+Gradient level (the check that sees a wrong gradient scale, which AdamW hides): the
+first step's float32 gradient of every parameter, gathered to the host, is within
+1e-5 of that parameter's largest single-device gradient (observed <= 1.1e-6), and
+``grad_norm`` agrees to rtol 1e-5. Multi-step: losses agree to rtol 1e-5 and
+parameters after 3 AdamW steps (lr 1e-3) to atol 2e-4 (AdamW's normalised update
+turns float32 reduction-order noise in tiny gradients into ~1e-4 differences).
+
+Tiny GPT-NeoX with 4 layers (the virtual schedule with pp=2 runs 2 chunks of 1 layer).
 """
+import functools
+
+import jax
 import numpy as np
 import pytest
 
 import jaxsmp
-from conftest import leaves, single_device_mesh, train
+from conftest import (assert_gradients_match, gradients, leaves, single_device_mesh,
+                      train)
+
+MESHES = {
+    "sdp8": (dict(sdp=8), {}),
+    "sdp4-tp2": (dict(sdp=4, tp=2), {}),
+    "dp2-sdp2-tp2": (dict(dp=2, sdp=2, tp=2), {}),
+    "dp4-tp2": (dict(dp=4, tp=2), {}),
+    "tp8": (dict(tp=8), {}),
+    "dp2-tp4": (dict(dp=2, tp=4), {}),
+    "pp2-sdp4-simple": (dict(pp=2, sdp=4), dict(microbatches=4, pipeline="simple")),
+    "pp2-sdp4-interleaved": (dict(pp=2, sdp=4), dict(microbatches=4, pipeline="interleaved")),
+    "pp2-sdp4-virtual": (dict(pp=2, sdp=4), dict(microbatches=4, pipeline="virtual")),
+    "pp2-sdp2-tp2": (dict(pp=2, sdp=2, tp=2), dict(microbatches=4)),
+}
+
+
+@pytest.fixture(scope="module")
+def config(tiny_config):
+    return tiny_config.replace(num_hidden_layers=4)
+
+
+@pytest.fixture(scope="module")
+def reference_gradients(config, tokens):
+    return gradients(config, single_device_mesh(), tokens)
+
+
+@pytest.mark.parametrize("name", list(MESHES))
+def test_gradients_match_single_device(config, tokens, reference_gradients, name):
+    degrees, options = MESHES[name]
+    got = gradients(config, jaxsmp.Mesh(**degrees), tokens, **options)
+    assert_gradients_match(got, reference_gradients)
+    assert got[1]["loss"] == pytest.approx(reference_gradients[1]["loss"], rel=1e-5)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _scale_gradient(x, factor):
+    return x
+
+
+_scale_gradient.defvjp(lambda x, factor: (x, None), lambda factor, _, g: (g * factor,))
+
+
+def test_gradient_check_fails_on_scaled_gradients(config, tokens, reference_gradients):
+    # The mutant the AdamW comparisons cannot see: the same loss, every gradient x 8.
+    def mutant(model, batch):
+        return _scale_gradient(jaxsmp.losses.causal_lm_loss(model, batch), 8.0)
+    got = gradients(config, jaxsmp.Mesh(sdp=8), tokens, loss=mutant)
+    assert got[1]["loss"] == pytest.approx(reference_gradients[1]["loss"], rel=1e-5)
+    with pytest.raises(AssertionError, match="gradient of parameter"):
+        assert_gradients_match(got, reference_gradients)
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +75,9 @@ def reference(tiny_config, tokens):
 
 
 @pytest.mark.parametrize("degrees", [dict(sdp=8), dict(sdp=4, tp=2), dict(dp=2, sdp=2, tp=2),
-                                     dict(dp=4, sdp=1, tp=2)],
-                         ids=["sdp8", "sdp4-tp2", "dp2-sdp2-tp2", "dp4-tp2"])
-def test_matches_single_device(tiny_config, tokens, reference, degrees):
+                                     dict(dp=4, sdp=1, tp=2), dict(tp=8)],
+                         ids=["sdp8", "sdp4-tp2", "dp2-sdp2-tp2", "dp4-tp2", "tp8"])
+def test_adamw_training_matches_single_device(tiny_config, tokens, reference, degrees):
     ref_state, ref_losses = reference
     state, losses = train(tiny_config, jaxsmp.Mesh(**degrees), tokens)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
@@ -29,10 +87,8 @@ def test_matches_single_device(tiny_config, tokens, reference, degrees):
 
 
 def test_blockwise_attention_trains_like_reference(tiny_config, tokens, reference):
-    # Models default to attention_impl="auto" (blockwise on CPU, Pallas on GPU); the
-    # blockwise online-softmax attention inside the sharded step gives the losses of
-    # plain softmax attention (rtol 1e-5).
-    assert jaxsmp.models.preset("gpt_neox", "tiny").attention_impl == "auto"
+    # Models default to attention_impl="auto"; the blockwise online-softmax attention
+    # inside the sharded step gives the losses of plain softmax attention (rtol 1e-5).
     config = tiny_config.replace(attention_impl="blockwise")
     _, losses = train(config, jaxsmp.Mesh(sdp=4, tp=2), tokens)
     np.testing.assert_allclose(losses, reference[1], rtol=1e-5)
