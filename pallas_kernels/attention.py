@@ -1,29 +1,44 @@
-"""The attention entry point: validates inputs and dispatches to an implementation by name."""
+"""The attention entry point: validates inputs and dispatches to an implementation by name.
+
+``auto`` picks, from the inputs and the backend (:func:`choose_impl`):
+
+* NVIDIA GPU: ``cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``, the
+  fused cuDNN FlashAttention) for float16/bfloat16 inputs without ALiBi or segment ids
+  whose head dim is a multiple of 8 up to 128; otherwise ``pallas`` (the FlashAttention
+  kernels here, compiled by Triton), which takes ALiBi, segment ids, float32 and any head
+  dim or sequence length by zero-padding to its tile shapes.
+* elsewhere (CPU): ``blockwise``, the same online-softmax algorithm as XLA loops.
+
+``reference`` materialises the scores (the tests' ground truth).
+"""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels.blockwise import blockwise_attention
-from pallas_kernels.flash_attention import flash_attention
+from pallas_kernels.padding import pad_for_pallas
 from pallas_kernels.reference import attention_reference
 
-IMPLS = ("auto", "reference", "blockwise", "pallas")
+IMPLS = ("auto", "reference", "blockwise", "pallas", "cudnn")
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-# Default (block_q, block_k), capped at the sequence length.
+# Default (block_q, block_k), capped at the sequence length (for Pallas: at the
+# sequence length rounded up to a power of two).
 DEFAULT_BLOCKS = {"pallas": (64, 64), "blockwise": (512, 512)}
-# Triton tiles must be powers of two and tl.dot needs every dimension >= 16.
-PALLAS_HEAD_DIMS = (16, 32, 64, 128, 256)
-PALLAS_MIN_BLOCK = 16
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128
 
 
-def resolve_impl(impl: str) -> str:
-    """Maps "auto" to "pallas" on GPU and "blockwise" elsewhere; rejects unknown names."""
-    if impl not in IMPLS:
-        raise ValueError(f"unknown attention impl {impl!r}; valid: {IMPLS}")
-    if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "blockwise"
-    return impl
+def choose_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
+                backend: str | None = None) -> str:
+    """The implementation ``impl="auto"`` runs for these inputs on ``backend``
+    (default: JAX's default backend); see the module docstring."""
+    backend = jax.default_backend() if backend is None else backend
+    if backend != "gpu":
+        return "blockwise"
+    cudnn_ok = (jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) and not alibi
+                and not segments and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM)
+    return "cudnn" if cudnn_ok else "pallas"
 
 
 def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, alibi_slopes: jax.Array | None,
@@ -42,56 +57,98 @@ def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, alibi_slopes: jax.Ar
                                     or not jnp.issubdtype(segment_ids.dtype, jnp.integer)):
         raise ValueError(f"segment_ids must be integer [{b}, {s}], got "
                          f"{segment_ids.dtype}{list(segment_ids.shape)}")
-
-
-def _check_kernel_inputs(impl: str, q: jax.Array, k: jax.Array, v: jax.Array,
-                         block_q: int, block_k: int) -> None:
     if not all(x.dtype in DTYPES for x in (q, k, v)) or len({q.dtype, k.dtype, v.dtype}) > 1:
-        raise ValueError(f"impl {impl!r} needs q, k, v of one dtype among float32, bfloat16, "
-                         f"float16; got {q.dtype}, {k.dtype}, {v.dtype}")
-    seq_len, head_dim = q.shape[1], q.shape[3]
-    if impl == "pallas" and head_dim not in PALLAS_HEAD_DIMS:
-        raise ValueError(f"impl 'pallas' supports head_dim in {PALLAS_HEAD_DIMS}, got {head_dim}")
+        raise ValueError(f"q, k, v must share one dtype among float32, bfloat16, float16; "
+                         f"got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_blocks(impl: str, seq_len: int, block_q: int, block_k: int) -> None:
     for name, block in (("block_q", block_q), ("block_k", block_k)):
-        if block < 1 or seq_len % block:
+        if impl == "blockwise" and (block < 1 or seq_len % block):
             raise ValueError(f"{name}={block} must be positive and divide seq len {seq_len} "
-                             f"(inputs are not padded)")
-        if impl == "pallas" and (block < PALLAS_MIN_BLOCK or block & (block - 1)):
-            raise ValueError(f"impl 'pallas' needs {name} a power of two >= "
-                             f"{PALLAS_MIN_BLOCK}, got {block}")
+                             f"(blockwise inputs are not padded)")
+        if impl == "pallas" and (block < 16 or block & (block - 1)):
+            raise ValueError(f"impl 'pallas' needs {name} a power of two >= 16, got {block}")
+
+
+def _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal) -> jax.Array:
+    if alibi_slopes is not None or segment_ids is not None:
+        raise ValueError("impl 'cudnn' takes neither ALiBi slopes nor segment ids; use "
+                         "impl 'pallas' (or 'auto', which does)")
+    if q.dtype not in CUDNN_DTYPES:
+        raise ValueError(f"impl 'cudnn' needs float16 or bfloat16 inputs, got {q.dtype}")
+    try:
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                            implementation="cudnn")
+    except RuntimeError as e:  # e.g. "cuDNN is not detected."
+        raise RuntimeError(f"impl 'cudnn' needs an NVIDIA GPU with cuDNN "
+                           f"(pip install 'jax[cuda12]'): {e}") from e
+
+
+def _pallas(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, interpret):
+    from pallas_kernels.flash_attention import flash_attention  # Triton: loaded on use
+    (q, k, v, segment_ids), unpad = pad_for_pallas(q, k, v, segment_ids, causal=causal,
+                                                   multiple=max(block_q, block_k))
+
+    def run(interpret: bool) -> jax.Array:
+        return flash_attention(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k,
+                               interpret)
+    if interpret is None:  # compiled where Triton runs, interpreted elsewhere
+        out = jax.lax.platform_dependent(cuda=lambda: run(False), rocm=lambda: run(False),
+                                         default=lambda: run(True))
+    else:
+        out = run(interpret)
+    return unpad(out)
+
+
+def _default_block(impl: str, which: int, seq_len: int) -> int:
+    block = DEFAULT_BLOCKS[impl][which]
+    if impl == "pallas":  # tiles are powers of two >= 16
+        return min(block, max(16, 1 << (seq_len - 1).bit_length()))
+    return min(block, seq_len)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
               alibi_slopes: jax.Array | None = None, segment_ids: jax.Array | None = None,
               softmax_scale: float | None = None, impl: str = "auto",
               block_q: int | None = None, block_k: int | None = None,
-              interpret: bool = False) -> jax.Array:
+              interpret: bool | None = None) -> jax.Array:
     """Softmax attention on q [b, s, h, d] and k, v [b, s, kv_h, d] (kv_h divides h).
 
     ALiBi adds ``slope[h] * (k_pos - q_pos)`` to the scaled scores; ``segment_ids`` [b, s]
-    restricts attention to equal ids (packed sequences). ``impl``: "auto" (Pallas on GPU,
-    blockwise XLA elsewhere), "reference", "blockwise" or "pallas". Block sizes default to
-    (64, 64) for Pallas and (512, 512) for blockwise, capped at the sequence length.
-    ``interpret`` runs Pallas kernels in the interpreter (CPU tests). ALiBi slopes are
-    treated as constants by the blockwise and Pallas gradients.
+    restricts attention to equal ids (packed sequences). ``impl``: one of :data:`IMPLS`
+    (``auto``: see the module docstring). Block sizes (blockwise and Pallas) default to
+    :data:`DEFAULT_BLOCKS`, capped at the sequence length. ``interpret`` runs the Pallas
+    kernels in JAX's interpreter (default: compiled by Triton when lowered for a GPU,
+    interpreted for any other platform). ALiBi slopes
+    are treated as constants by the blockwise and Pallas gradients.
     """
-    impl = resolve_impl(impl)
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention impl {impl!r}; valid: {IMPLS}")
     _check_shapes(q, k, v, alibi_slopes, segment_ids)
+    if impl == "auto":
+        impl = choose_impl(q.dtype, q.shape[3], alibi=alibi_slopes is not None,
+                           segments=segment_ids is not None)
     scale = q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if impl in ("reference", "cudnn") and (block_q is not None or block_k is not None):
+        raise ValueError(f"impl {impl!r} has no blocks; block_q/block_k must be None")
+    if impl != "pallas" and interpret is not None:
+        raise ValueError(f"interpret applies to impl 'pallas' only, not {impl!r}")
     if impl == "reference":
-        if block_q is not None or block_k is not None:
-            raise ValueError("impl 'reference' is unblocked; block_q/block_k must be None")
         return attention_reference(q, k, v, causal=causal, alibi_slopes=alibi_slopes,
                                    segment_ids=segment_ids, softmax_scale=scale)
-    default_q, default_k = DEFAULT_BLOCKS[impl]
+    if impl == "cudnn":
+        return _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal)
     seq_len = q.shape[1]
-    block_q = min(default_q, seq_len) if block_q is None else block_q
-    block_k = min(default_k, seq_len) if block_k is None else block_k
-    _check_kernel_inputs(impl, q, k, v, block_q, block_k)
+    block_q = _default_block(impl, 0, seq_len) if block_q is None else block_q
+    block_k = _default_block(impl, 1, seq_len) if block_k is None else block_k
+    _check_blocks(impl, seq_len, block_q, block_k)
     if alibi_slopes is not None:
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes.astype(jnp.float32))
     if segment_ids is not None:
         segment_ids = segment_ids.astype(jnp.int32)
-    fn = flash_attention if impl == "pallas" else blockwise_attention
-    return fn(q, k, v, alibi_slopes, segment_ids, scale, bool(causal), block_q, block_k,
-              interpret)
+    if impl == "pallas":
+        return _pallas(q, k, v, alibi_slopes, segment_ids, scale, bool(causal), block_q,
+                       block_k, interpret)
+    return blockwise_attention(q, k, v, alibi_slopes, segment_ids, scale, bool(causal),
+                               block_q, block_k)

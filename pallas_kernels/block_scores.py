@@ -61,3 +61,13 @@ def key_block_scores(q: jax.Array, k_ref, v_ref, seg_ref, kb: jax.Array, *, bloc
     s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=causal,
                      slope=slope, q_segments=q_segments, k_segments=k_segments)
     return k, v, s
+
+
+def num_key_blocks(q_start: jax.Array, *, block_q: int, block_k: int, seq_len: int,
+                   causal: bool) -> jax.Array:
+    """Key blocks a query block starting at ``q_start`` visits, as int32 (also under
+    ``jax_enable_x64``); causal runs stop at the diagonal block."""
+    if not causal:
+        return jnp.int32(seq_len // block_k)
+    start = jnp.asarray(q_start).astype(jnp.int32)
+    return lax.div(start + jnp.int32(block_q + block_k - 1), jnp.int32(block_k))

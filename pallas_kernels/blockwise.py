@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.block_scores import MASK_VALUE
+from pallas_kernels.block_scores import MASK_VALUE, num_key_blocks
+from pallas_kernels.vma import match_vma
 
 
 def _tile_scores(q: jax.Array, k: jax.Array, *, scale: float, q_start: jax.Array,
@@ -32,14 +33,6 @@ def _tile_scores(q: jax.Array, k: jax.Array, *, scale: float, q_start: jax.Array
         same = (q_segments[:, :, None] == k_segments[:, None, :])[:, None, None]
         mask = same if mask is None else mask & same
     return s if mask is None else jnp.where(mask, s, MASK_VALUE)
-
-
-def _num_key_blocks(q_start: jax.Array, block_q: int, block_k: int, seq_len: int,
-                    causal: bool) -> jax.Array | int:
-    """Key blocks a query block must visit; causal skips those entirely above the diagonal."""
-    if not causal:
-        return seq_len // block_k
-    return jnp.minimum(seq_len // block_k, (q_start + block_q + block_k - 1) // block_k)
 
 
 def _slice(x: jax.Array | None, start: jax.Array, size: int, axis: int) -> jax.Array | None:
@@ -70,10 +63,11 @@ def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
                             preferred_element_type=jnp.float32)
             return correction[..., None] * acc + pv, m_new, l
 
-        init = _match_vma((jnp.zeros((b, kvh, g, block_q, d), jnp.float32),
+        init = match_vma((jnp.zeros((b, kvh, g, block_q, d), jnp.float32),
                            jnp.full((b, kvh, g, block_q), -jnp.inf, jnp.float32),
                            jnp.zeros((b, kvh, g, block_q), jnp.float32)), q5, k, v)
-        n = _num_key_blocks(q_start, block_q, block_k, seq_len, causal)
+        n = num_key_blocks(q_start, block_q=block_q, block_k=block_k, seq_len=seq_len,
+                           causal=causal)
         acc, m, l = lax.fori_loop(0, n, key_block, init)
         return acc / l[..., None], m + jnp.log(l)
 
@@ -81,21 +75,6 @@ def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     out = jnp.moveaxis(outs, 0, 3).reshape(b, kvh, g, seq_len, d)
     lse = jnp.moveaxis(lses, 0, 3).reshape(b, kvh, g, seq_len)
     return out, lse
-
-
-def _varying_axes(x) -> frozenset:
-    aval = jax.typeof(x)  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
-    vma = getattr(aval, "vma", None)
-    return frozenset(vma if vma is not None else getattr(aval.mat, "varying", ()))
-
-
-def _match_vma(init, *refs):
-    """Loop-carry initial values varying over the same shard_map axes as ``refs``
-    (inside ``jax.shard_map`` a carry must keep its varying-axes type)."""
-    axes = tuple(sorted(set().union(*(_varying_axes(r) for r in refs))))
-    if not axes:
-        return init
-    return jax.tree.map(lambda x: lax.pcast(x, axes, to="varying"), init)
 
 
 def _backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, block_q,
@@ -132,27 +111,24 @@ def _backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, blo
                                                  k_start, 1)
             return dq_q, dk, dv
 
-        n = _num_key_blocks(q_start, block_q, block_k, seq_len, causal)
-        init = (_match_vma(jnp.zeros((b, block_q, kvh, g, d), jnp.float32), q5, k, v, do5),
+        n = num_key_blocks(q_start, block_q=block_q, block_k=block_k, seq_len=seq_len,
+                           causal=causal)
+        init = (match_vma(jnp.zeros((b, block_q, kvh, g, d), jnp.float32), q5, k, v, do5),
                 dk, dv)
         dq_q, dk, dv = lax.fori_loop(0, n, key_block, init)
         return lax.dynamic_update_slice_in_dim(dq, dq_q, q_start, 1), dk, dv
 
-    grads = _match_vma((jnp.zeros(q5.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
+    grads = match_vma((jnp.zeros(q5.shape, jnp.float32), jnp.zeros(k.shape, jnp.float32),
                         jnp.zeros(v.shape, jnp.float32)), q5, k, v, do5)
     return lax.fori_loop(0, seq_len // block_q, query_block, grads)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Array | None,
                         segment_ids: jax.Array | None, scale: float, causal: bool,
-                        block_q: int, block_k: int, interpret: bool = False) -> jax.Array:
-    """Blockwise attention on validated inputs; slopes and segment ids get no gradient.
-
-    ``interpret`` is accepted for signature parity with the Pallas path and is unused.
-    """
-    return _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k,
-                          interpret)[0]
+                        block_q: int, block_k: int) -> jax.Array:
+    """Blockwise attention on validated inputs; slopes and segment ids get no gradient."""
+    return _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k)[0]
 
 
 def _split_heads(q: jax.Array, kv_heads: int) -> jax.Array:
@@ -164,8 +140,7 @@ def _group_slopes(slopes: jax.Array | None, kv_heads: int) -> jax.Array | None:
     return None if slopes is None else slopes.astype(jnp.float32).reshape(kv_heads, -1)
 
 
-def _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, interpret):
-    del interpret
+def _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     kv_heads = k.shape[2]
     out5, lse = _forward(_split_heads(q, kv_heads), k, v, _group_slopes(slopes, kv_heads),
                          segment_ids, scale, causal, block_q, block_k)
@@ -173,8 +148,7 @@ def _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k
     return out, (q, k, v, slopes, segment_ids, out, lse)
 
 
-def _blockwise_bwd(scale, causal, block_q, block_k, interpret, residuals, do):
-    del interpret
+def _blockwise_bwd(scale, causal, block_q, block_k, residuals, do):
     q, k, v, slopes, segment_ids, out, lse = residuals
     kv_heads = k.shape[2]
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))

@@ -13,7 +13,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_scores import block_scores, dot_nn, dot_nt, dot_tn, key_block_scores
+from pallas_kernels.block_scores import (block_scores, dot_nn, dot_nt, dot_tn, key_block_scores,
+                                        num_key_blocks)
+from pallas_kernels.vma import match_vma, out_struct
 
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_ref, dq_ref, *,
@@ -33,8 +35,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_r
         ds = p * (dot_nt(do, v) - delta[:, None])
         return dq + dot_nn(ds.astype(k.dtype), k)
 
-    num_k_blocks = (lax.div(q_start + block_q + block_k - 1, block_k) if causal
-                    else seq_len // block_k)
+    num_k_blocks = num_key_blocks(q_start, block_q=block_q, block_k=block_k,
+                                  seq_len=seq_len, causal=causal)
     dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros((block_q, head_dim), jnp.float32))
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
@@ -47,7 +49,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
     k, v = k_ref[...], v_ref[...]
     k_segments = None if seg_ref is None else seg_ref[pl.ds(k_start, block_k)]
     # Causal: query blocks ending before this key block's first row are fully masked.
-    first_q_block = lax.div(k_start, block_q) if causal else 0
+    first_q_block = lax.div(k_start, jnp.int32(block_q)) if causal else jnp.int32(0)
 
     def q_block(g, qb, carry):
         dk, dv = carry
@@ -67,7 +69,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
         return dk, dv
 
     def group(g, carry):
-        return lax.fori_loop(first_q_block, seq_len // block_q,
+        return lax.fori_loop(first_q_block, jnp.int32(seq_len // block_q),
                              functools.partial(q_block, g), carry)
 
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
@@ -83,6 +85,8 @@ def _compiler_params(head_dim: int) -> plgpu.CompilerParams:
 def flash_dq(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, causal: bool,
              block_q: int, block_k: int, interpret: bool = False) -> jax.Array:
     """dq [b, s, h, d]; lse and delta are float32 [b, h, s]."""
+    q, k, v, do, lse, delta, slopes, segment_ids = match_vma(
+        (q, k, v, do, lse, delta, slopes, segment_ids), q, k, v, do, lse, segment_ids)
     batch, seq_len, heads, head_dim = q.shape
     groups = heads // k.shape[2]
     q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
@@ -99,7 +103,7 @@ def flash_dq(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, caus
         grid=(batch, heads, seq_len // block_q),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, slope_spec, seg_spec],
         out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=out_struct(q.shape, q.dtype, q),
         compiler_params=_compiler_params(head_dim),
         interpret=interpret,
         name="flash_attention_dq",
@@ -110,6 +114,8 @@ def flash_dkv(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, cau
               block_q: int, block_k: int,
               interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """(dk, dv) [b, s, kv_heads, d], summed over the query heads of each kv head."""
+    q, k, v, do, lse, delta, slopes, segment_ids = match_vma(
+        (q, k, v, do, lse, delta, slopes, segment_ids), q, k, v, do, lse, segment_ids)
     batch, seq_len, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     groups = heads // kv_heads
@@ -135,8 +141,7 @@ def flash_dkv(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, cau
         grid=(batch, kv_heads, seq_len // block_k),
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, slope_spec, seg_spec],
         out_specs=[kv_spec, kv_spec],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        out_shape=[out_struct(k.shape, k.dtype, q), out_struct(v.shape, v.dtype, q)],
         compiler_params=_compiler_params(head_dim),
         interpret=interpret,
         name="flash_attention_dkv",

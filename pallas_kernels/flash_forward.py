@@ -9,7 +9,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_scores import dot_nn, key_block_scores
+from pallas_kernels.block_scores import dot_nn, key_block_scores, num_key_blocks
+from pallas_kernels.vma import match_vma, out_struct
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, slope_ref, seg_ref, o_ref, lse_ref, *,
@@ -32,9 +33,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, slope_ref, seg_ref, o_ref, lse_ref, *,
         acc = correction[:, None] * acc + dot_nn(p.astype(v.dtype), v)
         return acc, m_new, l
 
-    # Causal: key blocks starting after this query block's last row are fully masked; skip them.
-    num_k_blocks = (lax.div(q_start + block_q + block_k - 1, block_k) if causal
-                    else seq_len // block_k)
+    num_k_blocks = num_key_blocks(q_start, block_q=block_q, block_k=block_k,
+                                  seq_len=seq_len, causal=causal)
     init = (jnp.zeros((block_q, head_dim), jnp.float32),
             jnp.full((block_q,), -jnp.inf, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
@@ -49,6 +49,8 @@ def flash_forward(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Array | 
     """Returns (out [b, s, h, d], lse float32 [b, h, s]). Shapes are validated by the caller."""
     batch, seq_len, heads, head_dim = q.shape
     groups = heads // k.shape[2]
+    q, k, v, slopes, segment_ids = match_vma((q, k, v, slopes, segment_ids), q, k, v,
+                                             segment_ids)
     kernel = functools.partial(_forward_kernel, scale=scale, causal=causal, block_q=block_q,
                                block_k=block_k)
     q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
@@ -62,8 +64,8 @@ def flash_forward(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Array | 
         grid=(batch, heads, seq_len // block_q),
         in_specs=[q_spec, kv_spec, kv_spec, slope_spec, seg_spec],
         out_specs=[q_spec, pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, seq_len), jnp.float32)],
+        out_shape=[out_struct(q.shape, q.dtype, q),
+                   out_struct((batch, heads, seq_len), jnp.float32, q)],
         compiler_params=plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8,
                                              num_stages=2),
         interpret=interpret,

@@ -86,9 +86,17 @@ def test_adamw_training_matches_single_device(tiny_config, tokens, reference, de
         np.testing.assert_allclose(a, b, atol=2e-4)
 
 
-def test_blockwise_attention_trains_like_reference(tiny_config, tokens, reference):
-    # Models default to attention_impl="auto"; the blockwise online-softmax attention
-    # inside the sharded step gives the losses of plain softmax attention (rtol 1e-5).
-    config = tiny_config.replace(attention_impl="blockwise")
-    _, losses = train(config, jaxsmp.Mesh(sdp=4, tp=2), tokens)
-    np.testing.assert_allclose(losses, reference[1], rtol=1e-5)
+FAMILIES = {"gpt_neox": dict(num_hidden_layers=2), "bloom": dict(n_layer=2),
+            "llama": dict(num_hidden_layers=2)}  # rotary; ALiBi; grouped-query attention
+
+
+@pytest.mark.parametrize("family, impl", [("gpt_neox", "blockwise"), ("gpt_neox", "pallas"),
+                                          ("bloom", "pallas"), ("llama", "pallas")])
+def test_attention_kernels_train_like_reference_attention(tokens, family, impl):
+    # The kernels inside the sharded step (Pallas in interpret mode on CPU) give the
+    # loss (rtol 1e-5) and gradients of plain softmax attention on one device.
+    config = jaxsmp.models.preset(family, "tiny", attention_impl="reference", **FAMILIES[family])
+    got = gradients(config.replace(attention_impl=impl), jaxsmp.Mesh(sdp=4, tp=2), tokens)
+    want = gradients(config, single_device_mesh(), tokens)
+    assert_gradients_match(got, want)
+    assert got[1]["loss"] == pytest.approx(want[1]["loss"], rel=1e-5)
