@@ -1,0 +1,139 @@
+"""Reading compiled HLO text: computations, while loops and the collectives in them.
+
+Structure claims (what is gathered where) are asserted from the compiled module, after
+XLA's passes, not from the program JAX lowered.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
+                     r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
+_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def computations(text: str) -> tuple[dict[str, list[str]], str]:
+    """({computation name: instruction lines}, entry computation name)."""
+    comps: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            comps[current] = []
+            entry = current if header.group(1) else entry
+        elif current is not None and line.startswith(" "):
+            comps[current].append(line.strip())
+    return comps, entry
+
+
+def shape_bytes(type_text: str) -> int:
+    """Bytes of every array in an HLO type (a shape or a tuple of shapes)."""
+    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in _ARRAY.findall(type_text))
+
+
+def _reachable(comps: dict[str, list[str]], root: str) -> set[str]:
+    seen, todo = set(), [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            for group in _CALLED.findall(line):
+                todo += [c.strip().lstrip("%") for c in group.split(",")]
+    return seen
+
+
+@dataclass
+class Collective:
+    op: str
+    result_bytes: int
+    operand_bytes: int
+    line: str
+
+
+def _collectives(lines: list[str], operand_types: dict[str, str]) -> list[Collective]:
+    found = []
+    for line in lines:
+        m = re.match(r"%?[\w.\-]+ = (.+?) (all-gather|reduce-scatter|all-reduce|all-to-all)"
+                     r"(?:-start)?\((.*?)\)", line)
+        if m:
+            operands = [o.strip().lstrip("%") for o in m.group(3).split(",")]
+            found.append(Collective(m.group(2), shape_bytes(m.group(1)),
+                                    sum(shape_bytes(operand_types.get(o, "")) for o in operands),
+                                    line))
+    return found
+
+
+def _types(lines: list[str]) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        m = re.match(r"%?([\w.\-]+) = (.+?) [\w\-]+\(", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+@dataclass
+class Module:
+    """A compiled module's collectives: in each while loop's body, and outside loops."""
+    loops: list[list[Collective]]
+    outside: list[Collective]
+
+    @classmethod
+    def parse(cls, text: str) -> "Module":
+        comps, entry = computations(text)
+        types = {k: t for lines in comps.values() for k, t in _types(lines).items()}
+        bodies = [re.search(r"body=%?([\w.\-]+)", l).group(1)
+                  for lines in comps.values() for l in lines if " while(" in l]
+        in_loops: set[str] = set()
+        loops = []
+        for body in bodies:
+            reach = _reachable(comps, body)
+            in_loops |= reach
+            loops.append([c for name in sorted(reach) for c in _collectives(comps[name], types)])
+        outside = [c for name in _reachable(comps, entry) - in_loops
+                   for c in _collectives(comps[name], types)]
+        return cls(loops, outside)
+
+
+def total(collectives: list[Collective], op: str, field: str = "result_bytes") -> int:
+    return int(np.sum([getattr(c, field) for c in collectives if c.op == op]))
+
+
+def dot_input_dtypes(text: str) -> list[tuple[str, ...]]:
+    """For each dot, the element types its operands were computed from: an operand
+    produced by a fusion counts as that fusion's parameter types (XLA:CPU turns a bf16
+    matmul into converts of bf16 inputs feeding a float32 dot)."""
+    comps, _ = computations(text)
+    defs = {}
+    for lines in comps.values():
+        for line in lines:
+            m = re.match(r"%?([\w.\-]+) = (\S+) ([\w\-]+)\((.*?)\)(.*)", line)
+            if m:
+                defs[m.group(1)] = m.group(2, 3, 4, 5)
+
+    def source_types(name: str) -> tuple[str, ...]:
+        type_text, op, _, attrs = defs.get(name, ("", "", "", ""))
+        called = re.search(r"calls=%?([\w.\-]+)", attrs)
+        if op == "fusion" and called:
+            params = [l for l in comps.get(called.group(1), []) if " parameter(" in l]
+            return tuple(sorted({t for l in params for t, _ in _ARRAY.findall(l.split(" = ")[1]
+                                                                              .split(" ")[0])}))
+        return tuple(t for t, _ in _ARRAY.findall(type_text))
+
+    dots = []
+    for type_text, op, operands, _ in defs.values():
+        if op in ("dot", "convolution"):
+            names = [o.strip().lstrip("%") for o in operands.split(",")][:2]
+            dots.append(tuple(t for n in names for t in source_types(n)))
+    return dots
