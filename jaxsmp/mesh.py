@@ -8,11 +8,21 @@ from typing import Sequence
 import jax
 import numpy as np
 
+import collectives
+
 # Outermost to innermost. tp varies fastest, so tp groups and then sdp groups are
 # formed from consecutive devices of one host; dp replicas go across hosts.
 AXES = ("dp", "pp", "sdp", "tp")
 DATA_AXES = ("dp", "sdp")   # the batch is split over these
 PIPELINE_AXIS = "pp"
+
+
+def check_collectives(name: str) -> str:
+    """``name`` if it names a collectives algorithm (or ``auto``), else a ValueError."""
+    valid = sorted(collectives.ALGORITHMS) + ["auto"]
+    if name not in valid:
+        raise ValueError(f"unknown collectives algorithm {name!r}; valid: {valid}")
+    return name
 
 
 def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.ndarray:
@@ -64,6 +74,7 @@ class Mesh:
     jax_mesh: jax.sharding.Mesh = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_collectives(self.collectives)
         devices = list(self.devices if self.devices is not None else jax.devices())
         degrees = _resolve_degrees(len(devices), self.dp, self.sdp, self.tp, self.pp)
         for name, value in degrees.items():

@@ -23,6 +23,22 @@ def family_of(config: ModelConfig) -> str:
     return CONFIG_TYPES[type(config)]
 
 
+class _Fields(dict):
+    """A parsed ``config.json`` whose missing required field is a ValueError naming it."""
+
+    def __missing__(self, key: str):
+        raise ValueError(f"{self.get('model_type')} config is missing the required field "
+                         f"{key!r}")
+
+    def first(self, *keys: str):
+        """The value of the first of ``keys`` present (HF names differ across versions)."""
+        for key in keys:
+            if key in self:
+                return self[key]
+        raise ValueError(f"{self.get('model_type')} config is missing the required field "
+                         f"{' / '.join(map(repr, keys))}")
+
+
 def _require(hf: dict, key: str, allowed: tuple, family: str) -> None:
     if key in hf and hf[key] not in allowed:
         raise ValueError(f"{family} checkpoint has {key}={hf[key]!r}; jaxsmp supports "
@@ -60,9 +76,9 @@ def _gpt_neox(hf: dict) -> GPTNeoXConfig:
 def _bloom(hf: dict) -> BloomConfig:
     _require(hf, "tie_word_embeddings", (True,), "bloom")
     return BloomConfig(
-        vocab_size=hf["vocab_size"], hidden_size=hf.get("hidden_size", hf.get("n_embed")),
-        n_layer=hf.get("n_layer", hf.get("num_hidden_layers")),
-        n_head=hf.get("n_head", hf.get("num_attention_heads")),
+        vocab_size=hf["vocab_size"], hidden_size=hf.first("hidden_size", "n_embed"),
+        n_layer=hf.first("n_layer", "num_hidden_layers"),
+        n_head=hf.first("n_head", "num_attention_heads"),
         layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-5),
         apply_residual_connection_post_layernorm=hf.get(
             "apply_residual_connection_post_layernorm", False))
@@ -95,7 +111,9 @@ _FROM_HF = {"gpt_neox": _gpt_neox, "bloom": _bloom, "llama": _llama}
 
 
 def from_hf_config(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
-    """(family, jaxsmp config) for a parsed HF ``config.json``."""
+    """(family, jaxsmp config) for a parsed HF ``config.json``; a missing required
+    field is a ValueError naming it."""
+    hf = _Fields(hf)
     family = hf.get("model_type")
     if family not in _FROM_HF:
         archs = hf.get("architectures")
@@ -109,7 +127,10 @@ def load_config(path: str | Path) -> tuple[str, ModelConfig]:
     file = Path(path) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found: not a Hugging Face checkpoint directory")
-    return from_hf_config(json.loads(file.read_text()))
+    try:
+        return from_hf_config(json.loads(file.read_text()))
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
 
 
 def _rope_dict(theta: float, **extra) -> dict:

@@ -11,6 +11,7 @@ from flax import nnx
 
 import pallas_kernels
 from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, LayerNorm, Stack
 from jaxsmp.nn.fused_qkv import FusedQKVAttention
 from jaxsmp.nn.gelu_mlp import GeluMLP
@@ -96,6 +97,7 @@ class Bloom(nnx.Module):
         self.ln_f = LayerNorm(cfg.hidden_size, eps=eps, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        check_token_ids(tokens)
         x = self.word_embeddings_layernorm(self.word_embeddings(tokens))
         x = self.h(x)
         return self.word_embeddings.attend(self.ln_f(x)).astype(jnp.float32)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, LayerNorm, Linear, Stack, apply_rotary, rotary_for_tokens
 from jaxsmp.nn.fused_qkv import FusedQKVAttention
 from jaxsmp.nn.gelu_mlp import GeluMLP
@@ -86,6 +87,7 @@ class GPTNeoX(nnx.Module):
                                 init_std=cfg.init_std)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        check_token_ids(tokens)
         cfg = self.cfg
         cos, sin = rotary_for_tokens(tokens, cfg.rotary_dim, cfg.rotary_emb_base,
                                      cfg.max_position_embeddings)

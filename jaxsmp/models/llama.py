@@ -9,6 +9,7 @@ from flax import nnx
 
 import pallas_kernels
 from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 
 
@@ -117,6 +118,7 @@ class Llama(nnx.Module):
             use_bias=False, rngs=rngs, init_std=cfg.init_std)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        check_token_ids(tokens)
         cfg = self.cfg
         cos, sin = rotary_for_tokens(tokens, cfg.head_dim, cfg.rope_theta,
                                      cfg.max_position_embeddings)

@@ -9,6 +9,13 @@ from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.param import logical_param
 
 
+def check_token_ids(tokens: jax.Array) -> None:
+    """Models take integer token ids ``[batch, seq]``; anything else is a clear error."""
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be integer ids of shape [batch, seq], got "
+                         f"{tokens.dtype}{list(tokens.shape)}")
+
+
 class Embed(nnx.Module):
     """Looks up ``[vocab, embed]`` rows; ``attend`` gives tied output logits."""
 

@@ -16,6 +16,20 @@ def _offload_policy() -> Callable:
     return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
 
 
+HOST_MEMORY_SPACE = "S(5)"  # XLA's layout annotation of buffers in host memory
+
+
+def check_offloads(compiled_hlo: str) -> None:
+    """Raises if a step compiled with ``remat="offload"`` keeps nothing in host memory:
+    some backends (XLA:CPU) accept the offload policy and drop it when compiling."""
+    if HOST_MEMORY_SPACE not in compiled_hlo:
+        raise ValueError(
+            f"remat='offload': the compiled step on backend {jax.default_backend()!r} keeps "
+            f"no buffer in host memory (XLA drops the offload here), so it would run as "
+            f"remat='save_matmuls' without the memory saving; use 'save_matmuls' or 'full' "
+            f"on this backend")
+
+
 def remat(fn: Callable, policy: str) -> Callable:
     """Wraps a layer body: ``none`` keeps all activations, ``full`` recomputes the
     layer in the backward pass, ``save_matmuls`` keeps only matmul outputs,

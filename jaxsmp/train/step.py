@@ -23,7 +23,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.nn.layer_context import LayerContext, layer_context
-from jaxsmp.nn.remat import POLICIES
+from jaxsmp.nn.param import logical_axes
+from jaxsmp.nn.remat import POLICIES, check_offloads
 from jaxsmp.pipeline import one_f_one_b
 from jaxsmp.pipeline.layout import inverse, permute_stacked
 from jaxsmp.pipeline.runner import Pipeline, virtual_layer_order
@@ -31,7 +32,7 @@ from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.batch import place_batch, split_microbatches
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
-from jaxsmp.mesh import DATA_AXES, Mesh
+from jaxsmp.mesh import DATA_AXES, Mesh, check_collectives
 from jaxsmp.train.param_gather import gather_tree, is_stacked, manual_spec, mesh_axes, sdp_dim
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
@@ -70,6 +71,12 @@ class StepOptions:
         precision_policy(self.precision)
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
+        if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float))
+                                               and self.clip_norm > 0):
+            raise ValueError(f"clip_norm must be a positive number or None (no clipping), "
+                             f"got {self.clip_norm!r}")
+        if self.collectives is not None:
+            check_collectives(self.collectives)
 
 
 def _is_var(x) -> bool:
@@ -252,6 +259,13 @@ def _apply(state: TrainState, grads: nnx.State, options: StepOptions):
     return new_state, metrics
 
 
+def _vocab_size(state: TrainState) -> int | None:
+    """Rows of the model's token embedding (a ``("vocab", "embed")`` parameter), if any."""
+    sizes = {v.shape[0] for v in jax.tree.leaves(state.params, is_leaf=_is_var)
+             if logical_axes(v) == ("vocab", "embed")}
+    return min(sizes) if sizes else None
+
+
 def _check_mesh(state: TrainState, options: StepOptions) -> None:
     """Fails early for pipeline settings the runner cannot execute."""
     _layer_order(state, _pipeline(state.mesh, options))
@@ -312,21 +326,29 @@ class TrainStep:
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         _check_mesh(state, self.options)
-        batch = place_batch(batch, state.mesh, self.options.microbatches)
-        return self._jitted(state)(state, batch)
+        batch = place_batch(batch, state.mesh, self.options.microbatches, _vocab_size(state))
+        jitted = self._jitted(state)
+        if self.options.remat == "offload" and jitted._cache_size() == 0:
+            check_offloads(jitted.lower(state, batch).compile().as_text())
+        return jitted(state, batch)
 
     def gradients(self, state: TrainState, batch: Any) -> tuple[nnx.State, dict]:
         """The step's gradients without updating anything: float32, sharded like the
         parameters, unscaled, before clipping; and the metrics ``loss``, ``grad_norm``
         and the loss function's own. ``state`` is not donated."""
         _check_mesh(state, self.options)
-        batch = place_batch(batch, state.mesh, self.options.microbatches)
+        batch = place_batch(batch, state.mesh, self.options.microbatches, _vocab_size(state))
         return self._jitted(state, gradients_only=True)(state, batch)
 
-    def lower(self, state: TrainState, batch: Any):
-        """The lowered step (for ``.compile().memory_analysis()`` and cost analysis)."""
-        batch = place_batch(batch, state.mesh, self.options.microbatches)
-        return self._jitted(state).lower(state, batch)
+    def lower(self, state: TrainState, batch: Any, platforms: tuple[str, ...] | None = None):
+        """The lowered step (for ``.compile().memory_analysis()`` and cost analysis).
+        ``state`` and ``batch`` may be abstract (``jax.ShapeDtypeStruct``, e.g. from
+        ``jaxsmp.checkpoint.abstract_state``); ``platforms`` lowers for other backends
+        than this host's, e.g. ``("cuda",)``."""
+        _check_mesh(state, self.options)
+        batch = place_batch(batch, state.mesh, self.options.microbatches, _vocab_size(state))
+        traced = self._jitted(state).trace(state, batch)
+        return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
 
 class EvalStep:
@@ -359,7 +381,7 @@ class EvalStep:
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
-        return self._jit(state, place_batch(batch, state.mesh, microbatches))
+        return self._jit(state, place_batch(batch, state.mesh, microbatches, _vocab_size(state)))
 
 
 def step(fn: LossFn | None = None, **options: Any):

@@ -44,3 +44,10 @@ def test_compile_time_does_not_grow_with_depth(tiny_config):
         f = lambda s, t: nnx.merge(graphdef, s)(t)  # noqa: E731
         return len(jax.jit(f).lower(state, jnp.zeros((1, 8), jnp.int32)).as_text())
     assert abs(hlo_size(8) - hlo_size(2)) < 0.02 * hlo_size(2)
+
+
+@pytest.mark.parametrize("tokens", [jnp.zeros((16,), jnp.int32), jnp.zeros((1, 16), jnp.float32)])
+def test_model_takes_integer_token_ids_of_rank_two(tiny_config, tokens):
+    model = tiny_config.build(nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"tokens must be integer ids of shape \[batch, seq\]"):
+        model(tokens)

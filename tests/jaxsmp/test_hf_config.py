@@ -52,3 +52,17 @@ def test_unknown_architecture_is_named():
 def test_missing_config_json(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf.load_config(tmp_path)
+
+
+@pytest.mark.parametrize("family, missing", [("gpt_neox", "vocab_size"), ("llama", "hidden_size"),
+                                             ("bloom", "n_head")])
+def test_missing_field_names_the_field_and_the_file(tmp_path, family, missing):
+    import json
+    config = hf.to_hf_config(preset(family, "tiny"))
+    aliases = {"n_head": ("n_head", "num_attention_heads")}  # Bloom takes either name
+    for key in aliases.get(missing, (missing,)):
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"config.json: {family} config is missing the "
+                                         rf"required field '{missing}'"):
+        hf.load_config(tmp_path)

@@ -6,6 +6,7 @@ import optax
 import pytest
 
 import jaxsmp
+import hlo
 from conftest import leaves, train
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.precision import LossScale
@@ -25,13 +26,20 @@ def test_microbatches_give_the_gradients_of_one_batch(tiny_config, tokens):
         np.testing.assert_allclose(p0 - b, p0 - a, atol=2e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("policy", ["full", "save_matmuls", "offload"])
+@pytest.mark.parametrize("policy", ["full", "save_matmuls"])
 def test_remat_policies_keep_gradients(tiny_config, tokens, policy):
     mesh = jaxsmp.Mesh(sdp=8)
     base, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None)
     remat, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None, remat=policy)
     for a, b in zip(leaves(base), leaves(remat)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_offload_raises_where_the_compiled_step_keeps_nothing_on_the_host(tiny_config, tokens):
+    # XLA:CPU accepts the offload policy and drops it when compiling (no S(5) buffer)
+    assert jax.default_backend() == "cpu"
+    with pytest.raises(ValueError, match=r"remat='offload'.*keeps no buffer in host memory"):
+        train(tiny_config, jaxsmp.Mesh(sdp=8), tokens, steps=1, remat="offload")
 
 
 @pytest.mark.parametrize("degrees", [dict(sdp=4, tp=2), dict(dp=8, sdp=1)],
@@ -41,7 +49,20 @@ def test_bf16_compute_tracks_fp32(tiny_config, tokens, degrees):
     _, fp32 = train(tiny_config, mesh, tokens, steps=2)
     state, bf16 = train(tiny_config, mesh, tokens, steps=2, precision="bf16")
     np.testing.assert_allclose(bf16, fp32, rtol=2e-2)
+    assert not np.allclose(bf16, fp32, rtol=1e-5)  # the rounding is there
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))  # master copy
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bf16_matmuls_are_in_the_compiled_step(tiny_config, tokens, precision):
+    # XLA:CPU computes a bf16 matmul as a float32 dot of bf16 inputs: every dot of the
+    # bf16 step reads bf16 values, no dot of the float32 step does
+    state = jaxsmp.init(tiny_config.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=4, tp=2))
+    text = jaxsmp.step(causal_lm_loss, precision=precision).lower(
+        state, {"tokens": tokens}).compile().as_text()
+    dots = hlo.dot_input_dtypes(text)
+    assert dots
+    assert all(("bf16" in d) == (precision == "bf16") for d in dots), dots
 
 
 def test_fp16_overflow_skips_the_step_and_keeps_parameters(tiny_config, tokens):
@@ -106,3 +127,33 @@ def test_bad_step_options():
         jaxsmp.step(causal_lm_loss, remat="some")
     with pytest.raises(ValueError, match=r"microbatches must be a positive integer, got 0"):
         jaxsmp.step(causal_lm_loss, microbatches=0)
+    for bad in (0, -1.0, "1"):
+        with pytest.raises(ValueError, match=rf"clip_norm must be a positive number or None "
+                                             rf"\(no clipping\), got {bad!r}"):
+            jaxsmp.step(causal_lm_loss, clip_norm=bad)
+    with pytest.raises(ValueError, match=r"unknown collectives algorithm 'nccl'; valid: "):
+        jaxsmp.step(causal_lm_loss, collectives="nccl")
+
+
+@pytest.mark.parametrize("tokens_fn, match", [
+    (lambda t: _set(t, (3, 5), 256),
+     r"token id 256 at batch\['tokens'\]\[3, 5\] is outside the model's vocabulary \[0, 256\)"),
+    (lambda t: _set(t, (0, 0), -1), r"token id -1 at batch\['tokens'\]\[0, 0\]"),
+    (lambda t: t.reshape(-1), r"batch\['tokens'\] must be integer ids of shape \[batch, seq\], "
+                              r"got int32\[512\]"),
+    (lambda t: t.astype(np.float32), r"must be integer ids .* got float32\[16, 32\]"),
+])
+def test_bad_tokens_fail_before_compiling(tiny_config, tokens, tokens_fn, match):
+    state = jaxsmp.init(tiny_config.build, optax.sgd(0.1), jaxsmp.Mesh(sdp=8))
+    train_step = jaxsmp.step(causal_lm_loss)
+    with pytest.raises(ValueError, match=match):
+        train_step(state, {"tokens": tokens_fn(tokens)})
+    with pytest.raises(ValueError, match=match):
+        jaxsmp.eval_step(causal_lm_loss)(state, {"tokens": tokens_fn(tokens)})
+    assert train_step._jitted(state)._cache_size() == 0  # nothing was compiled
+
+
+def _set(tokens, index, value):
+    out = tokens.copy()
+    out[index] = value
+    return out
