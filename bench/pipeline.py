@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxsmp  # noqa: E402
 from jaxsmp.nn import rotary_tables  # noqa: E402
-from jaxsmp.pipeline import Pipeline, partition  # noqa: E402
+from jaxsmp.pipeline import StageRunner, partition  # noqa: E402
 from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
 
 SEQ, BATCH = 128, 32
@@ -95,8 +95,7 @@ def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 512, rows: int 
                repeats: int = 15) -> dict:
     """Measured idle fraction of the pipelined stack vs the same work without bubble."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("pp",))
-    schedule = "virtual" if v > 1 else "simple"
-    pipeline = Pipeline(schedule, p, m, v)
+    pipeline = StageRunner(p, m, v)
     w = jax.random.normal(jax.random.key(0), (layers, d, d)) / np.sqrt(d)
     x = jax.random.normal(jax.random.key(1), (m * rows, d))
 

@@ -98,6 +98,11 @@ class Mesh:
         collectives over size-1 manual axes beside automatic ones)."""
         return tuple(a for a in DATA_AXES + (PIPELINE_AXIS,) if getattr(self, a) > 1)
 
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        """The manual axes the batch is split over (losses are averaged over them)."""
+        return tuple(a for a in self.manual_axes if a in DATA_AXES)
+
     def sharding(self, spec: jax.sharding.PartitionSpec) -> jax.sharding.NamedSharding:
         return jax.sharding.NamedSharding(self.jax_mesh, spec)
 

@@ -23,9 +23,9 @@ def _identity(state: nnx.State) -> nnx.State:
 class LayerContext:
     gather: Callable[[nnx.State], nnx.State] = _identity
     remat: str = "none"
-    # With pp > 1: ``pipeline(run, x, params, args)`` runs the stage's local layers in
-    # a pipeline schedule (see jaxsmp.pipeline.runner.Pipeline); None: a plain scan.
-    pipeline: Callable[..., Any] | None = None
+    # With pp > 1: ``run_stages(run, x, params, args)`` runs the stage's local layers in
+    # a pipeline schedule (see jaxsmp.pipeline.runner.StageRunner); None: a plain scan.
+    run_stages: Callable[..., Any] | None = None
     # ``embed_lookup(table, tokens)``: an Embed's rows computed without its full table
     # (jaxsmp.train.embed_lookup), or None to use the table as it is.
     embed_lookup: Callable[[nnx.Variable, Any], Any] = lambda table, tokens: None

@@ -1,13 +1,34 @@
 """Parameters annotated with logical axis names (the sharding rules read them)."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 Initializer = Callable[[jax.Array, Sequence[int], jnp.dtype], jax.Array]
+
+
+def is_var(x) -> bool:
+    """``is_leaf`` for trees of parameters: stop at each ``nnx.Variable``."""
+    return isinstance(x, nnx.Variable)
+
+
+def path_names(path: Sequence[Any]) -> tuple[str, ...]:
+    """A pytree path as names: attribute names, dict keys and sequence indices."""
+    def name(key) -> str:
+        for attr in ("name", "key", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        raise TypeError(f"unsupported pytree key {key!r}")
+    return tuple(name(k) for k in path)
+
+
+def variables_by_path(params: Any) -> dict[tuple[str, ...], nnx.Variable]:
+    """Every parameter ``Variable`` of ``params`` keyed by :func:`path_names`."""
+    flat = jax.tree_util.tree_flatten_with_path(params, is_leaf=is_var)[0]
+    return {path_names(path): v for path, v in flat}
 
 
 def logical_param(rngs: nnx.Rngs, init: Initializer, shape: Sequence[int],

@@ -5,7 +5,7 @@ parameters pass through the step's ``gather`` (the ZeRO-3 all-gather over
 ``sdp``); the body is wrapped in the step's remat policy, under which (any but
 ``none``) the gather is repeated in the backward pass rather than keeping every
 layer's gathered weights alive. With
-pipeline parallelism the step's ``pipeline`` runs the stage's local layers inside a
+pipeline parallelism the step's ``run_stages`` runs the stage's local layers inside a
 schedule over ``pp`` (:mod:`jaxsmp.pipeline.runner`).
 """
 from __future__ import annotations
@@ -17,6 +17,11 @@ from flax import nnx
 
 from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.remat import remat
+
+
+def is_stacked(variable: nnx.Variable) -> bool:
+    """Whether a parameter belongs to a :class:`Stack` (leading ``layers`` axis)."""
+    return variable.get_metadata().get("out_sharding", (None,))[:1] == ("layers",)
 
 
 class Stack(nnx.Module):
@@ -47,6 +52,6 @@ class Stack(nnx.Module):
             h, _ = jax.lax.scan(remat(body, ctx.remat), h, layer_params)
             return h
 
-        if ctx.pipeline is None:
+        if ctx.run_stages is None:
             return run(x, params, args)
-        return ctx.pipeline(run, x, params, args)
+        return ctx.run_stages(run, x, params, args)

@@ -2,16 +2,19 @@
 
 ``jaxsmp.Mesh(pp=4, sdp=2)`` with ``@jaxsmp.step(microbatches=8, pipeline="simple")``
 splits the model's layer :class:`~jaxsmp.nn.Stack` into stages. Schedules are tables
-(:func:`make_schedule`) checked by :func:`simulate`. Inside the step, :class:`Pipeline`
-executes ``simple`` (GPipe) and ``virtual`` (circular, ``virtual_chunks`` per stage)
-by autodiff, and :mod:`jaxsmp.pipeline.one_f_one_b` drives ``interleaved`` (1F1B)
-forward and backward by hand. :func:`partition` plans stage splits from compiled
+(:func:`make_schedule`) checked by :func:`simulate`. Inside the step, a
+:class:`PipelinePlan` orders the layers and computes the gradients: its
+:class:`StageRunner` executes ``simple`` (GPipe) and ``virtual`` (circular,
+``virtual_chunks`` per stage; Megatron's "interleaved") by autodiff, and
+:mod:`jaxsmp.pipeline.one_f_one_b` drives ``interleaved`` (1F1B, SMP's name) forward
+and backward by hand. :func:`partition` plans stage splits from compiled
 costs (planning only: the step runs equal splits of the layer stack).
 """
 from jaxsmp.pipeline.partition import Partition, partition
-from jaxsmp.pipeline.runner import EXECUTABLE, Pipeline
+from jaxsmp.pipeline.plan import PipelinePlan
+from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, Op, Schedule, bubble_formula, make_schedule
 from jaxsmp.pipeline.simulator import Report, simulate
 
-__all__ = ["EXECUTABLE", "SCHEDULES", "Op", "Partition", "Pipeline", "Report", "Schedule",
+__all__ = ["SCHEDULES", "Op", "Partition", "PipelinePlan", "Report", "Schedule", "StageRunner",
            "bubble_formula", "make_schedule", "partition", "simulate"]

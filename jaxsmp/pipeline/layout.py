@@ -13,25 +13,33 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from jaxsmp.train.param_gather import is_stacked
-
-
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
+from jaxsmp.nn.param import is_var
+from jaxsmp.nn.stack import is_stacked
 
 
-def permute_stacked(tree: Any, params: nnx.State, order: np.ndarray) -> Any:
+def virtual_layer_order(num_layers: int, stages: int, chunks: int) -> np.ndarray:
+    """Stored-layer permutation giving stage ``s`` the chunks ``s, s+p, s+2p, ...``
+    (contiguous over ``pp`` after permuting)."""
+    if num_layers % (stages * chunks):
+        raise ValueError(
+            f"the virtual pipeline needs the {num_layers} stacked layers divisible into "
+            f"pp x chunks = {stages} x {chunks} = {stages * chunks} equal chunks")
+    n = num_layers // (stages * chunks)
+    chunk_ids = [c * stages + s for s in range(stages) for c in range(chunks)]
+    return np.concatenate([np.arange(i * n, (i + 1) * n) for i in chunk_ids])
+
+
+def permute_stacked(tree: Any, params: Any, order: np.ndarray) -> Any:
     """``tree`` (parameters or gradients shaped like ``params``) with every stacked
     leaf's layer axis reordered by ``order``."""
-    def permute(var: nnx.Variable, leaf: Any) -> Any:
+    def permute(var, leaf: Any) -> Any:
         if not is_stacked(var):
             return leaf
-        if _is_var(leaf):
+        if is_var(leaf):
             return leaf.replace(jnp.take(leaf[...], order, axis=0))
         return jnp.take(leaf, order, axis=0)
-    return jax.tree.map(permute, params, tree, is_leaf=_is_var)
+    return jax.tree.map(permute, params, tree, is_leaf=is_var)
 
 
 def inverse(order: np.ndarray) -> np.ndarray:

@@ -3,26 +3,26 @@
 GPipe falls out of autodiff; 1F1B cannot, because the backward of microbatch ``j``
 starts before the forward of microbatch ``j + p``. Here the step drives it:
 
-1. *pre*: the user's loss function runs once with a capturing pipeline hook, which
-   records the stack's input ``x`` (the embedding output), its per-microbatch
-   arguments and the function that applies the local layers. ``jax.vjp`` of this
-   pass gives the embedding's gradients at the end.
+1. *pre*: the user's loss function runs once with a stack hook that records the
+   stack's input ``x`` (the embedding output), its per-microbatch arguments and the
+   function that applies the local layers. ``jax.vjp`` of this pass gives the
+   embedding's gradients at the end.
 2. a scan over the ticks of :func:`~jaxsmp.pipeline.schedule.make_schedule` where
    each stage looks up its op: ``F`` runs its local layers on one microbatch and
    keeps the stage *input*; ``B`` recomputes the stage under ``jax.vjp`` (stage-level
    remat) and accumulates the layer gradients. On the last stage ``F`` is followed by
-   *post*: the user's loss with the stack output injected, whose ``jax.vjp`` gives
-   the head's gradients and the output cotangent. Activations go forward and
-   cotangents backward by ``lax.ppermute`` every tick, tagged with their microbatch.
-3. masked ``psum`` over ``pp`` of the head/loss (last stage) and the stack-input
-   cotangents (first stage), then the *pre* vjp.
+   *post*: the user's loss with the stack output given, whose ``jax.vjp`` gives the
+   head's gradients and the output cotangent. Activations go forward and cotangents
+   backward by ``lax.ppermute`` every tick, tagged with their microbatch.
+3. the head/loss (last stage) and the stack-input cotangents (first stage) are
+   broadcast over ``pp``, then the *pre* vjp runs.
 
 Each stage keeps at most ``p`` microbatch inputs (the simulator's 1F1B peak is
 ``p - s``) instead of every microbatch's activations.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,24 +30,28 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jaxsmp.pipeline.schedule import make_schedule
+from jaxsmp.nn.param import is_var
+from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline import vma
-from jaxsmp.train.batch import split_microbatches
-from jaxsmp.train.param_gather import is_stacked
+from jaxsmp.pipeline.microbatch import pick, split_args, split_microbatches
+from jaxsmp.pipeline.schedule import make_schedule
+from jaxsmp.pipeline.stages import from_stage
 
+# forward(params, batch, stack_hook) -> (loss, metrics): the user's loss with the hook
+# installed as the stack's stage runner
 Forward = Callable[[nnx.State, Any, Any], tuple[jax.Array, dict]]
 
 
-class _Capture:
-    """Pipeline hook recording the stack's layer function, input, parameters, args."""
+class _RecordStack:
+    """Stack hook recording the layer function, input, parameters and arguments."""
 
     def __call__(self, run, x, params, args):
         self.run, self.x, self.params, self.args = run, x, params, args
         return x
 
 
-class _Inject:
-    """Pipeline hook whose stack output is a given value (the input is unused)."""
+class _StackOutput:
+    """Stack hook whose output is a given value (the input is unused)."""
 
     def __init__(self, y: jax.Array):
         self.y = y
@@ -56,12 +60,25 @@ class _Inject:
         return self.y
 
 
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
+class _Buffers(NamedTuple):
+    incoming: jax.Array   # [p, ...] activations received, by microbatch slot
+    cotangents: jax.Array  # [p, ...] output cotangents received (or from the head)
+    inputs: jax.Array     # [p, ...] stage inputs kept for the backward recompute
+    input_grads: jax.Array  # [m, ...] cotangents of the stack input (stage 0)
 
 
-def _stacked_mask(params: nnx.State) -> list[bool]:
-    return [is_stacked(v) for v in jax.tree.leaves(params, is_leaf=_is_var)]
+class _Sums(NamedTuple):
+    layers: Any   # gradients of the stage's stacked layers
+    top: Any      # gradients of every parameter through the head (last stage)
+    loss: jax.Array
+    metrics: dict
+
+
+class _Messages(NamedTuple):
+    forward: jax.Array
+    forward_tag: jax.Array   # microbatch + 1, 0: nothing sent
+    backward: jax.Array
+    backward_tag: jax.Array
 
 
 def _tables(stages: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,141 +122,142 @@ def _choose(index: jax.Array, branches: list[Callable], *args, branchless: bool)
     return jax.tree.map(lambda *xs: lax.select_n(index, *xs), *outs)
 
 
-def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
-              stages: int, microbatches: int, axis: str = "pp", branchless: bool = False):
-    """(gradients of ``coef * mean microbatch loss``, mean loss, mean metrics) on this
-    stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
-    is the user's loss with ``hook`` installed as the stack's pipeline. With
-    ``branchless`` (tensor parallelism) every stage computes forward, backward and
-    head each tick and keeps the one its table names."""
-    p, m = stages, microbatches
-    cap = _Capture()
-    forward(params, batch, cap)  # the layer function, the stack's structure and args
-    b = cap.x.shape[0]
-    mask = _stacked_mask(params)
-    leaves = jax.tree.leaves(params)
-    stack_def = jax.tree.structure(cap.params)
-    stacked = [x for x, s in zip(leaves, mask) if s]
-    if stack_def.num_leaves != len(stacked):
-        raise NotImplementedError(
-            "the 'interleaved' (1F1B) pipeline needs the model's repeated layers in exactly "
-            "one jaxsmp.nn.Stack")
-    sp = jax.tree.unflatten(stack_def, stacked)
-
-    def pre(p_):
-        hook = _Capture()
-        forward(p_, batch, hook)
-        return hook.x
-
-    xs, pre_vjp = jax.vjp(pre, params)
-    split = [np.ndim(a) >= 1 and np.shape(a)[0] == b for a in cap.args]
-    margs = [a.reshape(m, b // m, *a.shape[1:]) if s else a for a, s in zip(cap.args, split)]
-    mbatches = split_microbatches(batch, m)
-    stage = lax.axis_index(axis)
-    axes = frozenset({axis}).union(vma.varying(xs), *(vma.varying(x) for x in leaves))
-    vary = lambda tree: jax.tree.map(lambda x: vma.vary(x, axes), tree)  # noqa: E731
-    top = vary(params)  # varying over pp: no implicit psum inside per-stage branches
-    xs = vary(xs.reshape(m, b // m, *xs.shape[1:]))
-    kind_table, mb_table = (jnp.asarray(a) for a in _tables(p, m))
-
-    def stage_fn(sp_, h, j):
-        return cap.run(h, sp_, [a[j] if s else a for a, s in zip(margs, split)])
-
-    # the metrics' structure (this forward is dead code for XLA)
-    _, probe_metrics = forward(params, jax.tree.map(lambda a: a[0], mbatches), _Inject(xs[0]))
-
-    def post_grads(j, y):
-        mbatch = jax.tree.map(lambda a: a[j], mbatches)
-
-        def loss(p_, y_):
-            value, metrics = forward(p_, mbatch, _Inject(y_))
-            return value * coef, (value, metrics)
-        out, vjp, (value, metrics) = jax.vjp(loss, top, y, has_aux=True)
-        dtop, dy = vjp(vma.vary(jnp.ones((), out.dtype), vma.varying(out)))
-        return vary((dtop, dy, value, metrics))
-
-    def zeros_post(j, y):
-        dtop = jax.tree.map(jnp.zeros_like, top)
-        return vary((dtop, jnp.zeros_like(y), jnp.zeros((), jnp.float32),
-                     jax.tree.map(lambda v: jnp.zeros((), jnp.float32), probe_metrics)))
-
-    def forward_op(c, j):
-        slot = j % p
-        inp = jnp.where(stage == 0, xs[j], c["in_buf"][slot])
-        out = vary(stage_fn(sp, inp, j))
-        dtop, dy, value, metrics = _choose((stage == p - 1).astype(jnp.int32),
-                                           [zeros_post, post_grads], j, out,
-                                           branchless=branchless)
-        c = dict(c, inp_buf=lax.dynamic_update_index_in_dim(c["inp_buf"], inp, slot, 0),
-                 acc_top=jax.tree.map(jnp.add, c["acc_top"], dtop),
-                 loss=c["loss"] + value,
-                 metrics=jax.tree.map(jnp.add, c["metrics"], metrics))
-        c["g_buf"] = _put(c["g_buf"], stage == p - 1, dy, slot)
-        return c, out, j + 1, jnp.zeros_like(out), jnp.int32(0)
-
-    def backward_op(c, j):
-        slot = j % p
-        _, vjp = jax.vjp(lambda s_, h: stage_fn(s_, h, j), sp, c["inp_buf"][slot])
-        dsp, dinp = vary(vjp(c["g_buf"][slot]))
-        c = dict(c, acc_sp=jax.tree.map(jnp.add, c["acc_sp"], dsp))
-        c["dxs"] = _put(c["dxs"], stage == 0, dinp, j)
-        return c, jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1
-
-    def idle_op(c, j):
-        z = vary(jnp.zeros_like(xs[0]))
-        return c, z, jnp.int32(0), z, jnp.int32(0)
-
-    def tick(carry, t):
-        c, msg_f, tag_f, msg_b, tag_b = carry
-        c = dict(c)
-        c["in_buf"] = _put(c["in_buf"], tag_f > 0, msg_f, (tag_f - 1) % p)
-        c["g_buf"] = _put(c["g_buf"], tag_b > 0, msg_b, (tag_b - 1) % p)
-        kind, j = kind_table[t, stage], mb_table[t, stage]
-        c, send_f, tf, send_b, tb = _choose(
-            kind, [lambda c_, j_: vary(idle_op(c_, j_)), lambda c_, j_: vary(forward_op(c_, j_)),
-                   lambda c_, j_: vary(backward_op(c_, j_))], c, j, branchless=branchless)
-        fwd = [(i, i + 1) for i in range(p - 1)]
-        bwd = [(i + 1, i) for i in range(p - 1)]
-        return (c, lax.ppermute(send_f, axis, fwd), lax.ppermute(tf, axis, fwd),
-                lax.ppermute(send_b, axis, bwd), lax.ppermute(tb, axis, bwd)), None
-
-    buf = jnp.zeros((p, *xs.shape[1:]), xs.dtype)
-    init = vary(dict(
-        in_buf=buf, g_buf=buf, inp_buf=buf, dxs=jnp.zeros_like(xs),
-        acc_sp=jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), sp),
-        acc_top=jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), top),
-        loss=jnp.zeros((), jnp.float32),
-        metrics=jax.tree.map(lambda v: jnp.zeros((), jnp.float32), probe_metrics)))
-    z = vary(jnp.zeros_like(xs[0]))
-    carry = (init, z, vary(jnp.int32(0)), z, vary(jnp.int32(0)))
-    (c, *_), _ = lax.scan(tick, carry, jnp.arange(kind_table.shape[0]))
-    return _combine(c, params, pre_vjp, mask, stage, p, m, axis)
-
-
 def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
     """``grad`` summed over the axes the buffers were made varying over but ``param``
-    is not (the transpose of that cast; only size-1 axes such as ``sdp=1`` remain here,
-    ``pp`` having been reduced by the masked psums)."""
+    is not (the transpose of that cast; only size-1 axes can remain here, ``pp``
+    having been reduced when broadcasting from the stages)."""
     extra = tuple(sorted(vma.varying(grad) - vma.varying(param)))
     return lax.psum(grad, extra) if extra else grad
 
 
-def _combine(c: dict, params: nnx.State, pre_vjp, mask: list[bool], stage, p: int, m: int,
-             axis: str):
-    """Masked psums over ``pp`` and the embedding backward; grads shaped like ``params``."""
-    def from_stage(tree, src):  # float32: XLA:CPU aborts on bf16 all-reduces
-        def one(x):
-            masked = jnp.where(stage == src, x, jnp.zeros_like(x)).astype(jnp.float32)
-            return lax.psum(masked, axis).astype(x.dtype)
-        return jax.tree.map(one, tree)
-    dxs = from_stage(c["dxs"], 0)
-    (pre_grads,) = pre_vjp(dxs.reshape(-1, *dxs.shape[2:]).astype(dxs.dtype))
-    top = jax.tree.leaves(from_stage(c["acc_top"], p - 1))
-    layers = iter(jax.tree.leaves(c["acc_sp"]))
-    pre = jax.tree.leaves(pre_grads)
-    out = [_match(g.astype(jnp.float32) + (next(layers) if s else t), x)
-           for g, t, s, x in zip(pre, top, mask, jax.tree.leaves(params))]
-    grads = jax.tree.unflatten(jax.tree.structure(params), out)
-    loss = from_stage(c["loss"], p - 1) / m
-    metrics = jax.tree.map(lambda v: v / m, from_stage(c["metrics"], p - 1))
-    return grads, loss, metrics
+class _OneFOneB:
+    """The 1F1B schedule of one step on this stage: recorded stack, tables, tick ops."""
+
+    def __init__(self, forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
+                 stages: int, microbatches: int, axis: str, branchless: bool):
+        self.forward, self.batch, self.coef = forward, batch, coef
+        self.p, self.m, self.axis, self.branchless = stages, microbatches, axis, branchless
+        record = _RecordStack()
+        forward(params, batch, record)  # the layer function, the stack's structure, args
+        self.run, stack_def = record.run, jax.tree.structure(record.params)
+        self.mask = [is_stacked(v) for v in jax.tree.leaves(params, is_leaf=is_var)]
+        leaves = jax.tree.leaves(params)
+        stacked = [x for x, s in zip(leaves, self.mask) if s]
+        if stack_def.num_leaves != len(stacked):
+            raise NotImplementedError("the 'interleaved' (1F1B) pipeline needs the model's "
+                                      "repeated layers in exactly one jaxsmp.nn.Stack")
+        xs, self.pre_vjp = jax.vjp(self._stack_input, params)
+        self.margs, self.per_example = split_args(record.args, xs.shape[0], microbatches)
+        self.mbatches = split_microbatches(batch, microbatches)
+        self.stage = lax.axis_index(axis)
+        self.axes = frozenset({axis}).union(vma.varying(xs), *map(vma.varying, leaves))
+        self.layers = jax.tree.unflatten(stack_def, stacked)
+        self.top = self.vary(params)  # varying over pp: no implicit psum inside branches
+        self.xs = self.vary(split_microbatches(xs, microbatches))
+        self.kind, self.mb = (jnp.asarray(a) for a in _tables(stages, microbatches))
+        # the metrics' structure (this forward is dead code for XLA)
+        self.probe_metrics = forward(params, self._microbatch(0), _StackOutput(self.xs[0]))[1]
+
+    def _stack_input(self, params: nnx.State) -> jax.Array:
+        record = _RecordStack()
+        self.forward(params, self.batch, record)
+        return record.x
+
+    def vary(self, tree: Any) -> Any:
+        return jax.tree.map(lambda x: vma.vary(x, self.axes), tree)
+
+    def _microbatch(self, j) -> Any:
+        return jax.tree.map(lambda a: a[j], self.mbatches)
+
+    def _stage(self, layers: Any, h: jax.Array, j) -> jax.Array:
+        return self.run(h, layers, pick(self.margs, self.per_example, j))
+
+    def _head(self, j, y: jax.Array):
+        """(gradients through the head, output cotangent, loss, metrics) of microbatch j."""
+        def loss(params, y):
+            value, metrics = self.forward(params, self._microbatch(j), _StackOutput(y))
+            return value * self.coef, (value, metrics)
+        out, vjp, (value, metrics) = jax.vjp(loss, self.top, y, has_aux=True)
+        dtop, dy = vjp(vma.vary(jnp.ones((), out.dtype), vma.varying(out)))
+        return self.vary((dtop, dy, value, metrics))
+
+    def _no_head(self, j, y: jax.Array):
+        return self.vary((jax.tree.map(jnp.zeros_like, self.top), jnp.zeros_like(y),
+                          jnp.zeros((), jnp.float32),
+                          jax.tree.map(lambda v: jnp.zeros((), jnp.float32),
+                                       self.probe_metrics)))
+
+    def _forward_op(self, bufs: _Buffers, sums: _Sums, j):
+        slot, last = j % self.p, self.stage == self.p - 1
+        inp = jnp.where(self.stage == 0, self.xs[j], bufs.incoming[slot])
+        out = self.vary(self._stage(self.layers, inp, j))
+        dtop, dy, value, metrics = _choose(last.astype(jnp.int32), [self._no_head, self._head],
+                                           j, out, branchless=self.branchless)
+        bufs = bufs._replace(inputs=lax.dynamic_update_index_in_dim(bufs.inputs, inp, slot, 0),
+                             cotangents=_put(bufs.cotangents, last, dy, slot))
+        sums = sums._replace(top=jax.tree.map(jnp.add, sums.top, dtop), loss=sums.loss + value,
+                             metrics=jax.tree.map(jnp.add, sums.metrics, metrics))
+        return bufs, sums, _Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
+
+    def _backward_op(self, bufs: _Buffers, sums: _Sums, j):
+        slot = j % self.p
+        _, vjp = jax.vjp(lambda layers, h: self._stage(layers, h, j), self.layers,
+                         bufs.inputs[slot])
+        dlayers, dinp = self.vary(vjp(bufs.cotangents[slot]))
+        bufs = bufs._replace(input_grads=_put(bufs.input_grads, self.stage == 0, dinp, j))
+        sums = sums._replace(layers=jax.tree.map(jnp.add, sums.layers, dlayers))
+        return bufs, sums, _Messages(jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1)
+
+    def _idle_op(self, bufs: _Buffers, sums: _Sums, j):
+        z = jnp.zeros_like(self.xs[0])
+        return bufs, sums, _Messages(z, jnp.int32(0), z, jnp.int32(0))
+
+    def _tick(self, carry, t):
+        bufs, sums, msg = carry
+        bufs = bufs._replace(
+            incoming=_put(bufs.incoming, msg.forward_tag > 0, msg.forward,
+                          (msg.forward_tag - 1) % self.p),
+            cotangents=_put(bufs.cotangents, msg.backward_tag > 0, msg.backward,
+                            (msg.backward_tag - 1) % self.p))
+        ops = [self._idle_op, self._forward_op, self._backward_op]
+        bufs, sums, msg = _choose(self.kind[t, self.stage],
+                                  [lambda b, s, j, op=op: self.vary(op(b, s, j)) for op in ops],
+                                  bufs, sums, self.mb[t, self.stage], branchless=self.branchless)
+        ahead = [(i, i + 1) for i in range(self.p - 1)]
+        back = [(i + 1, i) for i in range(self.p - 1)]
+        msg = _Messages(*(lax.ppermute(x, self.axis, perm) for x, perm in
+                          zip(msg, (ahead, ahead, back, back))))
+        return (bufs, sums, msg), None
+
+    def _initial_carry(self):
+        buf = jnp.zeros((self.p, *self.xs.shape[1:]), self.xs.dtype)
+        f32_zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)  # noqa: E731
+        bufs = _Buffers(buf, buf, buf, jnp.zeros_like(self.xs))
+        sums = _Sums(f32_zeros(self.layers), f32_zeros(self.top), jnp.zeros((), jnp.float32),
+                     jax.tree.map(lambda v: jnp.zeros((), jnp.float32), self.probe_metrics))
+        z = jnp.zeros_like(self.xs[0])
+        return self.vary((bufs, sums, _Messages(z, jnp.int32(0), z, jnp.int32(0))))
+
+    def gradients(self, params: nnx.State):
+        (bufs, sums, _), _ = lax.scan(self._tick, self._initial_carry(),
+                                      jnp.arange(self.kind.shape[0]))
+        dxs = from_stage(bufs.input_grads, self.stage, 0, self.axis)
+        (pre,) = self.pre_vjp(dxs.reshape(-1, *dxs.shape[2:]))
+        top = jax.tree.leaves(from_stage(sums.top, self.stage, self.p - 1, self.axis))
+        layers = iter(jax.tree.leaves(sums.layers))
+        out = [_match(g.astype(jnp.float32) + (next(layers) if s else t), x)
+               for g, t, s, x in zip(jax.tree.leaves(pre), top, self.mask, jax.tree.leaves(params))]
+        loss, metrics = from_stage((sums.loss, sums.metrics), self.stage, self.p - 1, self.axis)
+        return (jax.tree.unflatten(jax.tree.structure(params), out), loss / self.m,
+                jax.tree.map(lambda v: v / self.m, metrics))
+
+
+def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
+              stages: int, microbatches: int, axis: str = "pp", branchless: bool = False):
+    """(gradients of ``coef * mean microbatch loss``, mean loss, mean metrics) on this
+    stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
+    is the user's loss with ``hook`` installed as the stack's stage runner. With
+    ``branchless`` (tensor parallelism) every stage computes forward, backward and
+    head each tick and keeps the one its table names."""
+    return _OneFOneB(forward, params, batch, coef, stages=stages, microbatches=microbatches,
+                     axis=axis, branchless=branchless).gradients(params)

@@ -69,13 +69,6 @@ def place_batch(batch: Any, mesh: Mesh, microbatches: int, vocab_size: int | Non
     return jax.tree.map(place, batch)
 
 
-def split_microbatches(batch: Any, microbatches: int) -> Any:
-    """``[b, ...]`` -> ``[microbatches, b // microbatches, ...]`` (contiguous rows)."""
-    def split(x):
-        return x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
-    return jax.tree.map(split, batch)
-
-
 def to_host(x: jax.Array) -> np.ndarray:
     """A replicated result as a host array, also when other processes hold devices."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:

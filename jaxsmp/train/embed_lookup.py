@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxsmp.nn.param import logical_axes
+from jaxsmp.nn.param import is_var, logical_axes
 
 
 def sharded_take(shard: jax.Array, tokens: jax.Array, dtype, axis_name: str = "sdp"
@@ -56,7 +56,6 @@ def lookup_hook(local: nnx.State, gathered: nnx.State, tables: set[int], dtype
     """``hook(table_variable, tokens)``: rows from the local shard for the tables
     (``id`` in ``tables`` of a ``local`` variable; ``gathered`` has the same structure),
     ``None`` for any other table."""
-    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     shards = {id(g): l[...] for l, g in zip(jax.tree.leaves(local, is_leaf=is_var),
                                             jax.tree.leaves(gathered, is_leaf=is_var))
               if id(l) in tables}

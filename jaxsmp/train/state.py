@@ -10,14 +10,14 @@ from flax import nnx, struct
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.mesh import Mesh
-from jaxsmp.nn.param import logical_axes
+from jaxsmp.nn.param import is_var, logical_axes, path_names
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import LossScale
 
 
 @struct.dataclass
 class TrainState:
-    """Parameters (float32 master copy), optimizer state, step, loss scale and RNG key.
+    """Parameters (float32 master copy), optimizer state, step and loss scale.
 
     Arrays live in their sharded layout on ``mesh``; ``graphdef`` rebuilds the
     model from ``params`` (``nnx.merge(state.graphdef, state.params)``).
@@ -26,7 +26,6 @@ class TrainState:
     params: nnx.State
     opt_state: optax.OptState
     loss_scale: LossScale
-    rng: jax.Array
     graphdef: nnx.GraphDef = struct.field(pytree_node=False)
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     mesh: Mesh = struct.field(pytree_node=False)
@@ -35,39 +34,70 @@ class TrainState:
     def model(self) -> nnx.Module:
         return nnx.merge(self.graphdef, self.params)
 
-
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
+    @classmethod
+    def create(cls, graphdef: nnx.GraphDef, params: nnx.State,
+               tx: optax.GradientTransformation, mesh: Mesh, *,
+               loss_scale: LossScale | None = None) -> "TrainState":
+        """The state at step 0 for ``params`` annotated by :func:`annotate_mesh_axes`:
+        placed arrays give a placed state (optimizer state initialised in its sharded
+        layout); ``jax.ShapeDtypeStruct`` values give an abstract one whose leaves carry
+        their shardings (a template for restoring or lowering; nothing allocated)."""
+        scale = loss_scale or LossScale.create()
+        opt_shardings = state_shardings(jax.eval_shape(tx.init, params), mesh)
+        if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+            state = cls(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                        opt_state=jax.eval_shape(tx.init, params),
+                        loss_scale=jax.eval_shape(lambda: scale),
+                        graphdef=graphdef, tx=tx, mesh=mesh)
+            shardings = jax.tree.leaves(state_shardings(state, mesh))
+            return jax.tree.unflatten(jax.tree.structure(state), [
+                jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                for x, s in zip(jax.tree.leaves(state), shardings)])
+        replicated = mesh.sharding(P())
+        return cls(step=jax.device_put(jnp.int32(0), replicated), params=params,
+                   opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
+                   loss_scale=jax.device_put(scale, replicated),
+                   graphdef=graphdef, tx=tx, mesh=mesh)
 
 
 def annotate_mesh_axes(params: nnx.State, mesh: Mesh, rules: Mapping) -> nnx.State:
     """Records each parameter's resolved mesh axes in its ``mesh_axes`` metadata."""
     def annotate(path, var: nnx.Variable) -> nnx.Variable:
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        spec = resolve_spec(name, logical_axes(var), var.shape, mesh.shape, rules)
+        spec = resolve_spec("/".join(path_names(path)), logical_axes(var), var.shape,
+                            mesh.shape, rules)
         new = var.replace(var.get_value() if hasattr(var, "get_value") else var[...])
         new.set_metadata(mesh_axes=tuple(spec))
         return new
-    return jax.tree_util.tree_map_with_path(annotate, params, is_leaf=_is_var)
+    return jax.tree_util.tree_map_with_path(annotate, params, is_leaf=is_var)
 
 
 def state_shardings(tree: Any, mesh: Mesh) -> Any:
     """NamedShardings for a tree of parameters or optimizer state: leaves under a
     parameter-shaped Variable follow its ``mesh_axes``; the rest are replicated."""
     def sharding(x):
-        if _is_var(x) and "mesh_axes" in x.get_metadata():
+        if is_var(x) and "mesh_axes" in x.get_metadata():
             return mesh.sharding(P(*x.get_metadata()["mesh_axes"]))
         return mesh.sharding(P())
-    return jax.tree.map(sharding, tree, is_leaf=_is_var)
+    return jax.tree.map(sharding, tree, is_leaf=is_var)
 
 
-def _split_params(model: nnx.Module):
+def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graph definition, parameters) of a model whose state is only ``nnx.Param``."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     if jax.tree.leaves(rest):
         raise NotImplementedError(
             f"jaxsmp trains models whose state is only nnx.Param; found other state: "
             f"{jax.tree.map(jnp.shape, rest)}")
     return graphdef, params
+
+
+def abstract_params(build: Callable[[nnx.Rngs], nnx.Module], mesh: Mesh,
+                    rules: Mapping | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graph definition, parameter shapes annotated with their mesh axes); nothing
+    is allocated."""
+    graphdef, params = split_params(nnx.eval_shape(lambda: build(nnx.Rngs(0))))
+    return graphdef, annotate_mesh_axes(params, mesh, dict(DEFAULT_RULES if rules is None
+                                                           else rules))
 
 
 def init(build: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
@@ -80,22 +110,12 @@ def init(build: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformati
     the full model.
     """
     rules = dict(DEFAULT_RULES if rules is None else rules)
-    graphdef, abstract = _split_params(nnx.eval_shape(lambda: build(nnx.Rngs(seed))))
-    abstract = annotate_mesh_axes(abstract, mesh, rules)
-    param_shardings = state_shardings(abstract, mesh)
-    opt_shardings = state_shardings(jax.eval_shape(tx.init, abstract), mesh)
+    graphdef, abstract = abstract_params(build, mesh, rules)
 
     def create():
-        _, params = _split_params(build(nnx.Rngs(seed)))
-        params = annotate_mesh_axes(params, mesh, rules)
-        return params, tx.init(params)
+        return annotate_mesh_axes(split_params(build(nnx.Rngs(seed)))[1], mesh, rules)
 
     with jax.sharding.use_mesh(mesh.jax_mesh) if hasattr(jax.sharding, "use_mesh") \
             else jax.set_mesh(mesh.jax_mesh):
-        params, opt_state = jax.jit(create, out_shardings=(param_shardings, opt_shardings))()
-    replicated = mesh.sharding(P())
-    return TrainState(
-        step=jax.device_put(jnp.int32(0), replicated), params=params, opt_state=opt_state,
-        loss_scale=jax.device_put(loss_scale or LossScale.create(), replicated),
-        rng=jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated),
-        graphdef=graphdef, tx=tx, mesh=mesh)
+        params = jax.jit(create, out_shardings=state_shardings(abstract, mesh))()
+    return TrainState.create(graphdef, params, tx, mesh, loss_scale=loss_scale)

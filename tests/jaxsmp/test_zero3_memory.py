@@ -15,8 +15,7 @@ import hlo
 from conftest import single_device_mesh
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.nn.layer_context import current_layer_context
-from jaxsmp.nn.stack import Stack
-from jaxsmp.train.param_gather import is_stacked
+from jaxsmp.nn.stack import Stack, is_stacked
 
 SLACK = 4096
 

@@ -1,0 +1,27 @@
+"""Splitting a batch, and a layer stack's per-example arguments, into microbatches."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+
+def split_microbatches(batch: Any, microbatches: int) -> Any:
+    """``[b, ...]`` -> ``[microbatches, b // microbatches, ...]`` (contiguous rows)."""
+    def split(x):
+        return x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
+    return jax.tree.map(split, batch)
+
+
+def split_args(args: Sequence[Any], batch: int, microbatches: int) -> tuple[list, list[bool]]:
+    """(args split like the stack input, which were split): an argument whose leading
+    dimension is the ``batch`` size is per example (e.g. positions); others are shared."""
+    per_example = [np.ndim(a) >= 1 and np.shape(a)[0] == batch for a in args]
+    out = [split_microbatches(a, microbatches) if s else a for a, s in zip(args, per_example)]
+    return out, per_example
+
+
+def pick(args: Sequence[Any], per_example: Sequence[bool], microbatch) -> list:
+    """The arguments of one microbatch (:func:`split_args`'s output)."""
+    return [a[microbatch] if s else a for a, s in zip(args, per_example)]

@@ -1,0 +1,51 @@
+"""The user's loss on one device's parameter shards, inside the step's ``shard_map``.
+
+Top-level parameters are gathered over ``sdp`` once per call; stacked layers are
+gathered one at a time inside the :class:`~jaxsmp.nn.Stack`'s scan, through the
+:class:`~jaxsmp.nn.LayerContext` installed here (ZeRO-3), which also carries the remat
+policy, the pipeline's stage runner and the sharded embedding lookup.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxsmp.nn.layer_context import LayerContext, layer_context
+from jaxsmp.nn.param import is_var
+from jaxsmp.nn.stack import is_stacked
+from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
+from jaxsmp.train.options import StepOptions
+from jaxsmp.train.param_gather import gather_tree, sdp_dim
+from jaxsmp.train.precision import precision_policy
+
+LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
+
+
+def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
+                  collectives_name: str) -> Callable:
+    """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)``."""
+    dtype = precision_policy(options.precision).compute_dtype
+
+    def forward(params: nnx.State, batch: Any, stage_runner=None):
+        # Embed tables sharded on their columns are looked up from their shards (no
+        # table gather); their gathered values stay available to other readers, one
+        # gather each, which XLA drops when unused (see jaxsmp.train.embed_lookup)
+        tables = {id(v) for v in jax.tree.leaves(params, is_leaf=is_var)
+                  if not is_stacked(v) and is_lookup_table(v, sdp_dim)}
+        top = gather_tree(params, dtype, collectives_name,
+                          select=lambda v: not is_stacked(v) and id(v) not in tables,
+                          bucket=options.bucket)
+        top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables)
+        ctx = LayerContext(
+            gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
+            remat=options.remat, run_stages=stage_runner,
+            embed_lookup=lookup_hook(params, top, tables, dtype))
+        with layer_context(ctx):
+            out = fn(nnx.merge(graphdef, top), batch)
+        loss, metrics = out if isinstance(out, tuple) else (out, {})
+        return (loss.astype(jnp.float32),
+                {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()})
+    return forward

@@ -1,0 +1,73 @@
+"""The step's ``shard_map``: manual over the mesh's data and pipeline axes of size > 1.
+
+Inside it every device holds its batch rows and its ``sdp`` shards of the float32
+master parameters; ``tp`` stays automatic (GSPMD places the Megatron splits).
+Parameters are marked as differing per data replica before use, so that their
+gradients stay local until one float32 sum over the replicas.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxsmp.mesh import Mesh
+from jaxsmp.nn.param import is_var
+from jaxsmp.sharding.rules import batch_spec
+from jaxsmp.train.param_gather import mesh_axes, sdp_dim
+
+
+def manual_spec(axes: tuple, manual: tuple[str, ...]) -> P:
+    """The ``shard_map`` spec of an array split over mesh ``axes``: only its ``manual`` axes."""
+    def keep(dim):
+        names = (dim,) if isinstance(dim, str) else (dim or ())
+        kept = tuple(a for a in names if a in manual)
+        return kept[0] if len(kept) == 1 else (kept or None)
+    return P(*[keep(d) for d in axes])
+
+
+def param_specs(params: nnx.State, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda v: manual_spec(mesh_axes(v), mesh.manual_axes), params,
+                        is_leaf=is_var)
+
+
+def batch_specs(batch: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(lambda x: manual_spec(tuple(batch_spec(x.ndim)), mesh.manual_axes),
+                        batch)
+
+
+def shard_map(body: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
+    """``body`` manual over ``mesh.manual_axes``; with none (e.g. a ``tp``-only mesh)
+    ``body`` itself, on the global arrays, which GSPMD partitions."""
+    if not mesh.manual_axes:
+        return body
+    return jax.shard_map(body, mesh=mesh.jax_mesh, axis_names=set(mesh.manual_axes),
+                         in_specs=in_specs, out_specs=out_specs)
+
+
+def _replica_axes(var: nnx.Variable, mesh: Mesh) -> tuple[str, ...]:
+    """The manual data axes a parameter is replicated over: dp, and sdp unless the
+    parameter is split over it."""
+    split = ("sdp",) if sdp_dim(var) is not None else ()
+    return tuple(a for a in mesh.data_axes if a not in split)
+
+
+def vary_over_replicas(params: nnx.State, mesh: Mesh) -> nnx.State:
+    """Marks parameters as differing per replica, so that their gradients stay local
+    (summed once, in float32, by :func:`sum_over_replicas`) rather than being summed
+    implicitly where they are used in the compute dtype."""
+    return jax.tree.map(lambda v: v.replace(jax.lax.pcast(v[...], _replica_axes(v, mesh),
+                                                          to="varying")),
+                        params, is_leaf=is_var)
+
+
+def sum_over_replicas(grads: nnx.State, mesh: Mesh) -> nnx.State:
+    return jax.tree.map(lambda g: g.replace(jax.lax.psum(g[...], _replica_axes(g, mesh))),
+                        grads, is_leaf=is_var)
+
+
+def mean_over_data(tree: Any, mesh: Mesh) -> Any:
+    """Loss and metrics averaged over the data-parallel devices."""
+    return jax.tree.map(lambda x: jax.lax.pmean(x, mesh.data_axes), tree)

@@ -1,0 +1,50 @@
+"""The options of ``@jaxsmp.step``, checked when the step is declared."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxsmp.mesh import check_collectives
+from jaxsmp.nn.remat import POLICIES
+from jaxsmp.pipeline.schedule import SCHEDULES
+from jaxsmp.train.precision import precision_policy
+
+
+def _positive_int(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
+    ``fp32``, ``bf16`` or ``fp16`` (dynamic loss scaling). ``remat``: ``none``,
+    ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
+    (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
+    mesh's). ``bucket``: gather each layer's parameters with one collective over
+    one flat buffer instead of one per parameter. ``pipeline`` (when the mesh has
+    pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
+    stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
+    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
+    microbatches: int = 1
+    precision: str = "fp32"
+    remat: str = "none"
+    clip_norm: float | None = 1.0
+    collectives: str | None = None
+    bucket: bool = True
+    pipeline: str = "simple"
+    virtual_chunks: int = 2
+
+    def __post_init__(self) -> None:
+        if self.pipeline not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {self.pipeline!r}; valid: {SCHEDULES}")
+        _positive_int("virtual_chunks", self.virtual_chunks)
+        _positive_int("microbatches", self.microbatches)
+        precision_policy(self.precision)
+        if self.remat not in POLICIES:
+            raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
+        if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float))
+                                               and self.clip_norm > 0):
+            raise ValueError(f"clip_norm must be a positive number or None (no clipping), "
+                             f"got {self.clip_norm!r}")
+        if self.collectives is not None:
+            check_collectives(self.collectives)
