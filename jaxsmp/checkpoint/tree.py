@@ -1,7 +1,7 @@
 """The training state as a nested dict of arrays (what is written) and back.
 
 Every array leaf of a :class:`~jaxsmp.train.state.TrainState` (step, parameters,
-optimizer state, loss scale, RNG) is keyed by its pytree path, e.g.
+optimizer state, loss scale) is keyed by its pytree path, e.g.
 ``params/layers/layers/mlp/dense_h_to_4h/kernel/value``. Static parts (graph
 definition, optimizer, mesh, ``mesh_axes`` metadata) come from a template state
 built for the mesh being restored onto, so a checkpoint is independent of the
@@ -14,20 +14,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxsmp.nn.param import path_names
 from jaxsmp.train.state import TrainState, state_shardings
-
-
-def _key_name(key: Any) -> str:
-    for attr in ("name", "key", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    raise TypeError(f"unsupported pytree key {key!r}")
 
 
 def leaf_paths(state: TrainState) -> list[tuple[str, ...]]:
     """The path of every array leaf, in flattening order."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(state)
-    return [tuple(_key_name(k) for k in path) for path, _ in leaves]
+    return [path_names(path) for path, _ in leaves]
 
 
 def _nest(paths: list[tuple[str, ...]], leaves: list[Any]) -> dict:

@@ -52,7 +52,7 @@ def from_hf(cfg: TrainConfig, mesh: Mesh) -> tuple[TrainState, object]:
     if family != cfg.model:
         raise ValueError(f"{cfg.init_from_hf} holds a {family} checkpoint but --model is "
                          f"{cfg.model}; pass --model {family}")
-    state, model_cfg = hf.init_from_hf(cfg.init_from_hf, adamw(cfg), mesh, seed=cfg.seed,
+    state, model_cfg = hf.init_from_hf(cfg.init_from_hf, adamw(cfg), mesh,
                                        attention_impl=cfg.attention)
     if model_cfg.vocab_size < ByteTokenizer.vocab_size:
         raise ValueError(f"the byte-level trainer needs vocab_size >= "

@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from jaxsmp.models.bloom import BloomConfig
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.models.gpt_neox import GPTNeoXConfig
 from jaxsmp.models.llama import LlamaConfig
 
 ARCHITECTURES = {"gpt_neox": "GPTNeoXForCausalLM", "bloom": "BloomForCausalLM",
                  "llama": "LlamaForCausalLM"}
 CONFIG_TYPES = {GPTNeoXConfig: "gpt_neox", BloomConfig: "bloom", LlamaConfig: "llama"}
-ModelConfig = GPTNeoXConfig | BloomConfig | LlamaConfig
 
 
 def family_of(config: ModelConfig) -> str:

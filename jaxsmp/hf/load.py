@@ -11,36 +11,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import PartitionSpec as P
 
 from jaxsmp.hf.checkpoint import Checkpoint
-from jaxsmp.hf.config import ModelConfig, family_of, load_config
+from jaxsmp.hf.config import family_of, load_config
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.hf.names import BASE_PREFIX, TensorMap, ignorable, tensor_maps
 from jaxsmp.mesh import Mesh
-from jaxsmp.sharding.rules import DEFAULT_RULES
+from jaxsmp.nn.param import is_var, path_names, variables_by_path
 from jaxsmp.train.precision import LossScale
-from jaxsmp.train.state import TrainState, annotate_mesh_axes, state_shardings
-
-
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
-def _path(path) -> tuple[str, ...]:
-    return tuple(str(getattr(k, "key", k)) for k in path)
-
-
-def abstract_params(config: ModelConfig, mesh: Mesh, rules: Mapping | None = None):
-    """(graphdef, parameter shapes annotated with their mesh axes), nothing allocated."""
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: config.build(nnx.Rngs(0))),
-                                       nnx.Param, ...)
-    if jax.tree.leaves(rest):
-        raise NotImplementedError("models with non-Param state cannot be imported")
-    return graphdef, annotate_mesh_axes(params, mesh, dict(rules or DEFAULT_RULES))
+from jaxsmp.train.state import TrainState, abstract_params, state_shardings
 
 
 def _expected_hf_shape(m: TensorMap, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -120,29 +102,25 @@ def load_params(path: str | Path, mesh: Mesh, *, config: ModelConfig | None = No
     ``config`` defaults to the one in ``config.json`` (pass one to change runtime
     fields such as ``attention_impl``)."""
     config = config or load_config(path)[1]
-    graphdef, abstract = abstract_params(config, mesh, rules)
-    shardings = state_shardings(abstract, mesh)
-    flat = dict(jax.tree_util.tree_flatten_with_path(abstract, is_leaf=_is_var)[0])
-    by_path = {_path(k): v for k, v in flat.items()}
+    graphdef, abstract = abstract_params(config.build, mesh, rules)
+    by_path = variables_by_path(abstract)
     maps = {m.path: m for m in tensor_maps(config)}
     if set(maps) != set(by_path):
         raise RuntimeError(f"HF name table and model disagree: {set(maps) ^ set(by_path)}")
     ckpt = Checkpoint(path, BASE_PREFIX[family_of(config)])
     check_tensors(ckpt, config, maps, {p: tuple(v.shape) for p, v in by_path.items()})
-    flat_shardings = dict(jax.tree_util.tree_flatten_with_path(shardings, is_leaf=_is_var)[0])
 
     def load(key, var: nnx.Variable) -> nnx.Variable:
-        sharding = flat_shardings[key]
-        sharding = sharding.get_value() if _is_var(sharding) else sharding
-        array = place(ckpt, maps[_path(key)], tuple(var.shape), var.dtype, sharding)
+        array = place(ckpt, maps[path_names(key)], tuple(var.shape), var.dtype,
+                      state_shardings(var, mesh))
         return var.replace(array)
 
-    params = jax.tree_util.tree_map_with_path(load, abstract, is_leaf=_is_var)
+    params = jax.tree_util.tree_map_with_path(load, abstract, is_leaf=is_var)
     return config, graphdef, params
 
 
 def init_from_hf(path: str | Path, tx: optax.GradientTransformation, mesh: Mesh, *,
-                 seed: int = 0, rules: Mapping | None = None,
+                 rules: Mapping | None = None,
                  loss_scale: LossScale | None = None,
                  **overrides: Any) -> tuple[TrainState, ModelConfig]:
     """Like ``jaxsmp.init``, but the parameters come from the HF checkpoint ``path``.
@@ -150,13 +128,6 @@ def init_from_hf(path: str | Path, tx: optax.GradientTransformation, mesh: Mesh,
     config = load_config(path)[1]
     config = config.replace(**overrides) if overrides else config
     config, graphdef, params = load_params(path, mesh, config=config, rules=rules)
-    opt_shardings = state_shardings(jax.eval_shape(tx.init, params), mesh)
-    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-    replicated = mesh.sharding(P())
-    state = TrainState(
-        step=jax.device_put(jnp.int32(0), replicated), params=params, opt_state=opt_state,
-        loss_scale=jax.device_put(loss_scale or LossScale.create(), replicated),
-        rng=jax.device_put(jax.random.key_data(jax.random.key(seed)), replicated),
-        graphdef=graphdef, tx=tx, mesh=mesh)
+    state = TrainState.create(graphdef, params, tx, mesh, loss_scale=loss_scale)
     return state, config
 

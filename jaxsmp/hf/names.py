@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jaxsmp.hf.config import ModelConfig, family_of
+from jaxsmp.hf.config import family_of
+from jaxsmp.models.config_base import ModelConfig
 
 Path = tuple[str, ...]
 

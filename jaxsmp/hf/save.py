@@ -17,8 +17,10 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from jaxsmp.hf.checkpoint import INDEX, SINGLE
-from jaxsmp.hf.config import ModelConfig, to_hf_config
+from jaxsmp.hf.config import to_hf_config
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.hf.names import TensorMap, tensor_maps
+from jaxsmp.nn.param import is_var, variables_by_path
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 Entry = tuple[str, TensorMap, int | None, tuple[int, ...]]
@@ -27,10 +29,7 @@ Entry = tuple[str, TensorMap, int | None, tuple[int, ...]]
 def _params_by_path(params: nnx.State | nnx.Module) -> dict[tuple[str, ...], jax.Array]:
     if isinstance(params, nnx.Module):
         params = nnx.state(params, nnx.Param)
-    flat = jax.tree_util.tree_flatten_with_path(
-        params, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
-    return {tuple(str(getattr(k, "key", k)) for k in path): (v[...] if isinstance(
-        v, nnx.Variable) else v) for path, v in flat}
+    return {path: v[...] if is_var(v) else v for path, v in variables_by_path(params).items()}
 
 
 def _entries(config: ModelConfig, arrays: dict) -> list[Entry]:
