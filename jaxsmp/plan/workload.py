@@ -27,8 +27,8 @@ from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
-# does not depend on it; the attention statistics are per token too).
-_TRACE_BATCH, _TRACE_SEQ = 1, 16
+# does not depend on it). The odd length tells per-token residuals from per-layer ones.
+_TRACE_BATCH, _TRACE_SEQ = 1, 13
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,11 @@ class Workload:
             raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
         self.config, self.seq_len = config, seq_len
         model = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
-        self._stack = _find_stack(model)
+        # blockwise attention saves what FlashAttention saves and takes any length
+        traced = config.replace(attention_impl="blockwise") \
+            if hasattr(config, "attention_impl") else config
+        self._traced = traced
+        self._stack = _find_stack(nnx.eval_shape(lambda: traced.build(nnx.Rngs(0))))
         self.layers = self._stack.num_layers
         state = nnx.state(model, nnx.Param)
         leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_var)[0]
@@ -211,9 +215,9 @@ class Workload:
 
         replicated = split = 0.0
         for shape, source in saved_residuals(loss, one, x, self._layer_args):
-            if "argument layer" in source or "argument args" in source \
-                    or np.prod(shape.shape) < tokens:
-                continue  # weights (counted apart), position tables, per-channel constants
+            per_layer = "output of scan" in source or "argument h" in source
+            if not per_layer or _TRACE_SEQ not in shape.shape:
+                continue  # weights, per-channel constants, what all layers share
             nbytes = np.prod(shape.shape) * _residual_dtype(shape, backend) / tokens
             if shape.shape[-1] != self.hidden:
                 split += nbytes     # [.., heads, head_dim], an MLP or fused-QKV width
@@ -235,7 +239,7 @@ class Workload:
             with layer_context(LayerContext(pipeline=hook)):
                 nnx.merge(graphdef, state)(jnp.zeros((_TRACE_BATCH, _TRACE_SEQ), jnp.int32))
             return captured.pop("args")
-        graphdef, state = nnx.split(nnx.eval_shape(lambda: self.config.build(nnx.Rngs(0))))
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: self._traced.build(nnx.Rngs(0))))
         return jax.eval_shape(forward, state)
 
 
