@@ -61,15 +61,15 @@ def why(plans: Sequence[Plan]) -> str:
         ("best with another remat", lambda p: p.candidate.remat != b.remat),
         ("best with another sdp", lambda p: p.candidate.sdp != b.sdp),
     ]
-    seen = {id(best)}
+    named: dict[int, tuple[Plan, list[str]]] = {}
     for name, keep in rivals:
         rival = _best(plans, keep)
-        if rival is None or id(rival) in seen:
-            continue
-        seen.add(id(rival))
+        if rival is not None:
+            named.setdefault(id(rival), (rival, []))[1].append(name)
+    for rival, names in named.values():
         slower = rival.throughput.step_seconds / best.throughput.step_seconds - 1
-        lines.append(f"{name}: {rival.candidate.label()} is {slower:.1%} slower "
-                     f"({_shares(rival)}).")
+        lines.append(f"{names[0]}" + (f" (also {', '.join(names[1:])})" if names[1:] else "")
+                     + f": {rival.candidate.label()} is {slower:.1%} slower ({_shares(rival)}).")
     faster = [p for p in plans if not p.fits
               and p.throughput.step_seconds < best.throughput.step_seconds]
     if faster:

@@ -31,7 +31,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.memory.total <= self.capacity
+        return bool(self.memory.total <= self.capacity)
 
     def as_dict(self) -> dict:
         c, t = self.candidate, self.throughput
@@ -69,7 +69,7 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
                remats: Sequence[str] = POLICIES, schedules: Sequence[str] = SCHEDULES,
                sequence_parallel: bool = False) -> Iterator[Candidate]:
     """Every (dp, sdp, tp, pp, microbatch, remat, schedule) dividing the cluster, the
-    global batch and the model; tp stays inside a node."""
+    global batch and the model (whole heads per tp rank); tp stays inside a node."""
     world = cluster.world
     for tp in divisors(cluster.node.gpus):
         for pp in (p for p in divisors(world // tp) if w.layers % p == 0):
@@ -86,6 +86,9 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
 
 
 def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int) -> bool:
+    """Megatron splits whole heads over tp, and every parameter must divide."""
+    if w.heads % tp or w.kv_heads % tp:
+        return False
     try:
         _shards(w, dp, sdp, tp, pp)
     except ValueError:

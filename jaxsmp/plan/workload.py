@@ -139,6 +139,10 @@ class Workload:
         return self.config.num_attention_heads
 
     @property
+    def kv_heads(self) -> int:
+        return getattr(self.config, "kv_heads", self.heads)
+
+    @property
     def tied(self) -> bool:
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
@@ -218,7 +222,7 @@ class Workload:
             per_layer = "output of scan" in source or "argument h" in source
             if not per_layer or _TRACE_SEQ not in shape.shape:
                 continue  # weights, per-channel constants, what all layers share
-            nbytes = np.prod(shape.shape) * _residual_dtype(shape, backend) / tokens
+            nbytes = float(np.prod(shape.shape)) * _residual_dtype(shape, backend) / tokens
             if shape.shape[-1] != self.hidden:
                 split += nbytes     # [.., heads, head_dim], an MLP or fused-QKV width
             else:
