@@ -53,7 +53,8 @@ class Node:
         """The collectives cost model of this node type: NVLink per device inside the
         host, the host's network across hosts, each at ``link_efficiency`` of line rate
         (NCCL's bus bandwidth on NVLink and EFA is about 80% of it)."""
-        return CostModel(alpha_intra=ALPHA_INTRA, bw_intra=self.gpu.link_bandwidth * link_efficiency,
+        return CostModel(alpha_intra=ALPHA_INTRA,
+                         bw_intra=self.gpu.link_bandwidth * link_efficiency,
                          alpha_inter=ALPHA_INTER,
                          bw_inter=self.network_gbps * 1e9 / 8 * link_efficiency,
                          source=f"{self.name} data sheet x {link_efficiency:g}")

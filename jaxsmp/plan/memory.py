@@ -92,7 +92,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     moments, the loss and head backward, and the backward of the first layer (every
     layer's activations still saved). ``ValueError`` if the model does not divide."""
     shards = w.shards(c.mesh_shape, rules)
-    cbytes = 4 if backend == "cpu" else jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    compute = jnp.dtype(precision_policy(c.precision).compute_dtype)
+    cbytes = 4 if backend == "cpu" else compute.itemsize
     tp = c.tp if semantics.megatron_tp else 1     # how far tp splits a layer's work
     tokens = c.microbatch_size * w.seq_len               # one microbatch, one rank
     layers = math.ceil(w.layers / c.pp)
@@ -114,7 +115,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
     working = tokens * (full if c.remat != "none" else NONE_WORKING * full)
     backward = MemoryBreakdown(
-        **state, grads=accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers),
+        **state,
+        grads=accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers),
         gathered=cbytes * kept * layer + max(0, 4 - cbytes) * layer,
         activations=saved, working=working + _attention_tiles(w, c, tp, backend),
         logits=0.0, phase="backward")
