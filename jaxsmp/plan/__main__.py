@@ -42,6 +42,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.top < 1:
         p.error(f"--top must be >= 1, got {args.top}")
+    if args.max_devices is not None and not args.preflight:
+        p.error("--max-devices applies to --preflight only")
     return args
 
 

@@ -7,7 +7,7 @@ checked against (see :mod:`jaxsmp.plan`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from collectives import CostModel
 
@@ -65,7 +65,6 @@ class Cluster:
     """``nodes`` hosts of type ``node``."""
     node: Node
     nodes: int = 1
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.nodes, int) or self.nodes < 1:

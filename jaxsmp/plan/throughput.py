@@ -93,11 +93,13 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) ->
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     tokens = c.microbatch_size * w.seq_len
     rate = gpu.flops(c.precision)
-    matmul_flops = 2 * w.layer_matmul_params / c.tp * tokens
-    matmul_bytes = cbytes * (w.layer_matmul_params / c.tp + 8 * tokens * w.hidden)
+    split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
+    matmul_flops = 2 * w.layer_matmul_params / split * tokens
+    matmul_bytes = cbytes * (w.layer_matmul_params / split + 8 * tokens * w.hidden)
     matmul = max(matmul_flops / (rate * gpu.matmul_efficiency), matmul_bytes / gpu.hbm_bandwidth)
-    attention = (4 * tokens * w.seq_len * w.hidden / c.tp * 0.5) / (rate * gpu.attention_efficiency)
-    moved = w.activations("none", c.precision).per_device(c.tp, c.sequence_parallel) * tokens
+    causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
+    attention = causal_flops / (rate * gpu.attention_efficiency)
+    moved = w.activations("none", c.precision).per_device(split, c.sequence_parallel) * tokens
     elementwise = moved / gpu.hbm_bandwidth
     forward = matmul + attention + elementwise
     backward = 2 * matmul + ATTENTION_BACKWARD * attention + (ELEMENTWISE_PASSES - 1) * elementwise
@@ -105,14 +107,14 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) ->
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
     shards = w.shards(c.mesh_shape)
-    per_layer = shards.layer_gathered / c.sdp
+    per_layer = shards.layer_gathered * c.tp / split / c.sdp
     gather = _collective(cluster, c.sdp, c.tp, cbytes * per_layer)
     reduce_scatter = _collective(cluster, c.sdp, c.tp, 4 * per_layer)
     if not semantics.keeps_gathered(c.remat):
         reduce_scatter += gather    # gathered again for the backward pass
     reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
-    tp = reductions * _all_reduce(cluster, c.tp, 1, tokens * w.hidden * cbytes)
-    host = w.activations(c.remat, c.precision).host / c.tp * tokens
+    tp = reductions * _all_reduce(cluster, split, 1, tokens * w.hidden * cbytes)
+    host = w.activations(c.remat, c.precision).host / split * tokens
     offload = 2 * host / cluster.node.pcie_bandwidth
     return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload)
 

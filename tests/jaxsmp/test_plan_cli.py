@@ -58,3 +58,10 @@ def test_python_dash_m_runs_the_package():
                           env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     assert REQUIRED <= set(json.loads(done.stdout)[0])
+
+
+def test_options_that_would_be_ignored_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "gpt_neox:tiny", "--node", "p4d.24xlarge", "--seq-len", "128",
+              "--global-batch", "8", "--max-devices", "8"])
+    assert "--max-devices applies to --preflight only" in capsys.readouterr().err

@@ -63,3 +63,10 @@ def test_data_parallel_replicas_pay_one_gradient_all_reduce_per_step():
 def test_a_candidate_must_use_the_whole_cluster():
     with pytest.raises(ValueError, match="uses 64 devices; the cluster has 128"):
         estimate_time(W, Candidate(1, 64, 1, 1, 16, 1, "full"), P4D)
+
+
+def test_before_issue_12_every_tp_rank_computes_the_whole_layer():
+    c = Candidate(1, 64, 2, 1, 16, 1, "full")
+    megatron = estimate_time(W, c, P4D, TARGET)
+    whole = estimate_time(W, c, P4D, BEFORE_ISSUE_12)
+    assert whole.compute > 1.8 * megatron.compute and whole.tp == 0
