@@ -9,7 +9,7 @@ reduce-scatter move the same bytes in mirrored order, so they share one model.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from collectives.topology import Topology
@@ -62,6 +62,24 @@ class CostModel:
             across = self._round(0, g * (h - 1) * nbytes, h)
             return across + self._round((g - 1) * h * nbytes, 0, h)
         raise ValueError(f"no cost model for algorithm {algorithm!r}")
+
+    def all_reduce(self, algorithm: str, nbytes: float, topo: Topology) -> float:
+        """Predicted seconds for one all-reduce of an ``nbytes`` buffer on every rank: a
+        reduce-scatter then an all-gather of ``nbytes / p`` per rank (NCCL's ring)."""
+        return 2 * self.predict(algorithm, nbytes / topo.size, topo)
+
+    def send(self, nbytes: float, across_hosts: bool) -> float:
+        """Predicted seconds for one point-to-point transfer of ``nbytes``."""
+        if across_hosts:
+            return self.alpha_inter + nbytes / self.bw_inter
+        return self.alpha_intra + nbytes / self.bw_intra
+
+    def sharing_network(self, groups: int) -> "CostModel":
+        """This model when ``groups`` collectives run at once on every host: they share
+        its network bandwidth (each device keeps its own in-host link)."""
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
+        return replace(self, bw_inter=self.bw_inter / groups)
 
 
 def cross_host_bytes(algorithm: str, nbytes: int, topo: Topology) -> int | None:

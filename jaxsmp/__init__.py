@@ -10,6 +10,9 @@
     state, metrics = train_step(state, batch)
     jaxsmp.save("ckpt", state)                      # jaxsmp.checkpoint for more
     state = jaxsmp.restore("ckpt", state)           # latest, onto state's mesh
+
+    plans = jaxsmp.plan("gpt_neox:13b", jaxsmp.plan.cluster("p4d.24xlarge", 16),
+                        seq_len=2048, global_batch=1024)   # ranked configurations
 """
 from jaxsmp import checkpoint, hf, losses, models, nn, pipeline, sharding
 from jaxsmp.checkpoint import restore, save
@@ -17,7 +20,9 @@ from jaxsmp.mesh import Mesh
 from jaxsmp.sharding.rules import DEFAULT_RULES
 from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import StepOptions, eval_step, step
+from jaxsmp import plan  # noqa: E402  (a callable package: jaxsmp.plan(...) ranks plans)
+from jaxsmp.plan import preflight  # noqa: E402
 
 __all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "checkpoint", "eval_step",
-           "hf", "init", "losses", "models", "nn", "pipeline", "restore", "save", "sharding",
-           "step"]
+           "hf", "init", "losses", "models", "nn", "pipeline", "plan", "preflight", "restore",
+           "save", "sharding", "step"]

@@ -30,3 +30,27 @@ def test_save_load_roundtrip(tmp_path):
     m = CostModel(1e-6, 2e9, 3e-6, 4e9, source="measured")
     m.save(tmp_path / "c.json")
     assert CostModel.load(tmp_path / "c.json") == m
+
+
+def test_all_reduce_is_a_reduce_scatter_then_an_all_gather_of_the_shards():
+    m = CostModel.p4d()
+    topo = Topology(2, 8)
+    buffer = 64 << 20
+    assert m.all_reduce("ring", buffer, topo) == pytest.approx(
+        2 * m.predict("ring", buffer / 16, topo))
+    assert m.all_reduce("ring", buffer, Topology(1, 1)) == 0.0
+
+
+def test_send_uses_the_link_it_crosses():
+    m = CostModel.p4d()
+    assert m.send(1e6, across_hosts=False) == pytest.approx(m.alpha_intra + 1e6 / m.bw_intra)
+    assert m.send(1e6, across_hosts=True) == pytest.approx(m.alpha_inter + 1e6 / m.bw_inter)
+
+
+def test_groups_sharing_a_host_divide_its_network_but_not_its_links():
+    m = CostModel.p4d()
+    shared = m.sharing_network(4)
+    assert shared.bw_inter == m.bw_inter / 4 and shared.bw_intra == m.bw_intra
+    assert shared.predict("ring", 1 << 20, TOPO) > m.predict("ring", 1 << 20, TOPO)
+    with pytest.raises(ValueError, match="groups"):
+        m.sharing_network(0)

@@ -1,0 +1,108 @@
+"""``jaxsmp.plan``: the best (dp, sdp, tp, pp, microbatch, remat, schedule) for a model
+on a cluster, with predicted memory and TFLOP/s per GPU, and a pre-flight compile.
+
+    plans = jaxsmp.plan("gpt_neox:13b", jaxsmp.plan.cluster("p4d.24xlarge", 16),
+                        seq_len=2048, global_batch=1024)
+    print(plans[0].candidate.step_options(), plans[0].throughput.model_tflops_per_gpu)
+    jaxsmp.preflight("gpt_neox:13b", plans[0], seq_len=2048).summary()
+
+    python -m jaxsmp.plan --model gpt_neox:13b --node p4d.24xlarge --nodes 16 \\
+        --seq-len 2048 --global-batch 1024 [--top 10] [--json] [--preflight]
+
+``jaxsmp.plan`` is this package and is callable (``jaxsmp.plan(...)`` is
+:func:`~jaxsmp.plan.search.plan`), so one object serves ``jaxsmp.plan(...)``,
+``jaxsmp.plan.cluster(...)`` and ``python -m jaxsmp.plan``.
+
+Modules: ``hardware`` (GPUs, nodes), ``workload`` (shards, FLOPs, saved activations of a
+model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput``,
+``search``, ``report``, ``compiled`` (pre-flight), ``__main__`` (CLI).
+
+Assumptions and sources
+-----------------------
+Hardware (``hardware.py``): dense bf16 peaks, HBM sizes and bandwidths from NVIDIA's A100,
+H100 and H200 data sheets; NVLink 600 / 900 GB/s per GPU (300 / 450 each way); AWS's
+p4d/p4de (4 x 100 Gbps EFA) and p5/p5e (3200 Gbps EFA) pages. Collectives reach 80% of
+line rate (NCCL bus bandwidth), with the alpha terms of ``collectives.CostModel.p4d``.
+Matmuls reach the "maximum achievable matmul FLOPS" measured by S. Bekman (ML
+Engineering: A100 85.9%, H100 80.1%) or their bytes at HBM bandwidth, whichever is
+slower; FlashAttention's forward + backward reaches 55% of peak on A100 (Dao 2023,
+FlashAttention-2) and 34% on H100 (Shah et al. 2024, FlashAttention-3's FA2 baseline),
+executing half the causal FLOPs, with a backward of 2.5 forwards.
+
+Memory (``memory.py``): float32 master parameters (4 B), AdamW state (8 B) and float32
+gradients per local parameter; a layer's saved activations are the residuals JAX's
+autodiff keeps for it (``saved_residuals`` of the model's own layer under jaxsmp's remat
+policy, traced abstractly; ``full`` keeps the layer input; ``offload`` moves what
+``save_matmuls`` keeps to host memory), split over tp where they carry heads or the MLP
+width (all of them with sequence parallelism); FlashAttention keeps no score matrix.
+The peak is the larger of two moments: the loss/head backward, and the first layer's
+backward with every layer's activations saved, its gathered weights, its float32
+gradient before the reduce-scatter and its working set (its full activations when
+recomputed, half of them without remat). Pipelines hold ``m*v + p - 1``
+microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
+simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
+library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; JAX's default is 0.75).
+
+Step semantics (``candidate.Semantics``): the target is issue 12's ZeRO-3 (gathered
+weights freed after the forward and gathered again in the backward, the next layer
+prefetched, Megatron tensor parallelism). ``BEFORE_ISSUE_12`` is what the step compiles
+on this branch (with ``remat="none"`` every layer's gathered weights stay alive; no
+prefetch; tp ranks gather and compute whole layers) and is what the pre-flight compares.
+
+Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
+memory-bound work (the layer's activations moved once; the backward moves them three
+times), backward = 2 x matmuls + 2.5 x attention; recomputation adds a forward (``full``)
+or attention and memory-bound work (``save_matmuls``, ``offload``), and jaxsmp's 1F1B
+recomputes each stage. sdp gathers (compute dtype) and reduce-scatters (float32, as
+jaxsmp does) per layer and microbatch use the cost model's best algorithm on the sdp
+group's topology (sharing the host's network with the other groups of the host); with
+prefetch they hide behind the layer's compute, else they add. Megatron TP adds two
+all-reduces per layer pass; pipelines add one send per microbatch and chunk boundary and
+the schedule simulator's bubble; dp adds one float32 all-reduce of the gradient shards
+per step; AdamW moves 32 B per local parameter. Model TFLOP/s use
+:func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
+divides by the data-sheet peak.
+
+What it leaves out: kernel launch and host overheads, contention between overlapped
+collectives and compute, stragglers, data loading, and the efficiency of any particular
+framework beyond the kernels above: predictions are those of an implementation running
+at those kernel speeds (MosaicML's FSDP runs reach them: 53-56% MFU on A100, see
+``bench/plan_vs_published.py``), and older published runs are slower.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+from jaxsmp.plan.candidate import (BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, Semantics,
+                                   schedule_report)
+from jaxsmp.plan.compiled import Preflight, compile_memory, preflight
+from jaxsmp.plan.hardware import (GPUS, GPU, NODES, Cluster, Node, generic_node, node,
+                                  register_gpu, register_node)
+from jaxsmp.plan.memory import MemoryBreakdown, estimate_memory
+from jaxsmp.plan.search import Plan, candidates, evaluate, load_model, plan
+from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time
+from jaxsmp.plan.workload import Workload
+
+
+def cluster(node_type: str, nodes: int = 1) -> Cluster:
+    """``nodes`` hosts of ``node_type`` (a registered name or ``8xA100-80GB+400Gbps``)."""
+    return Cluster(node(node_type), nodes)
+
+
+class _CallablePackage(types.ModuleType):
+    """Makes ``jaxsmp.plan(...)`` call :func:`plan` while staying this package."""
+
+    def __call__(self, *args, **kwargs):
+        return plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+
+__all__ = ["BEFORE_ISSUE_12", "COMPILED", "GPU", "GPUS", "NODES", "TARGET", "Candidate",
+           "Cluster", "MemoryBreakdown", "Node", "Plan", "Preflight", "Semantics", "StepTime",
+           "Throughput", "Workload", "candidates", "cluster",
+           "compile_memory", "estimate_memory", "estimate_time", "evaluate", "generic_node",
+           "load_model", "node", "plan", "preflight", "register_gpu", "register_node",
+           "schedule_report"]

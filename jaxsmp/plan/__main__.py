@@ -1,0 +1,84 @@
+"""``python -m jaxsmp.plan``: ranked training configurations for a model on a cluster.
+
+    python -m jaxsmp.plan --model gpt_neox:13b --node p4d.24xlarge --nodes 16 \\
+        --seq-len 2048 --global-batch 1024 [--precision bf16] [--top 10] [--json] [--preflight]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from jaxsmp.nn.remat import POLICIES
+from jaxsmp.pipeline.schedule import SCHEDULES
+
+SEMANTICS = ("target", "before-issue-12")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m jaxsmp.plan", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True,
+                   help="family:preset (gpt_neox:13b, bloom:176b, llama:70b) or a Hugging "
+                        "Face config.json (or its directory)")
+    p.add_argument("--node", required=True,
+                   help="p4d.24xlarge, p4de.24xlarge, p5.48xlarge, p5e.48xlarge, or "
+                        "generic '<gpus>x<gpu>+<gbps>Gbps' (e.g. 8xA100-80GB+400Gbps)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--remat", nargs="+", default=list(POLICIES), choices=POLICIES,
+                   help="remat policies to consider")
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    p.add_argument("--semantics", default="target", choices=SEMANTICS,
+                   help="step semantics: issue 12's ZeRO-3 (target) or this branch's")
+    p.add_argument("--json", action="store_true", help="print the plans as a JSON list")
+    p.add_argument("--preflight", action="store_true",
+                   help="compile the best plan's step on simulated CPU devices")
+    p.add_argument("--max-devices", type=int, default=None,
+                   help="most simulated CPU devices for --preflight (default 64)")
+    args = p.parse_args(argv)
+    if args.top < 1:
+        p.error(f"--top must be >= 1, got {args.top}")
+    if args.max_devices is not None and not args.preflight:
+        p.error("--max-devices applies to --preflight only")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # simulated CPU devices must be set before JAX starts a backend (pre-flight only)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, cluster, load_model, plan, preflight
+    from jaxsmp.plan.compiled import MAX_DEVICES
+    from jaxsmp.plan.report import records, table, why
+    try:
+        config = load_model(args.model)
+        target = cluster(args.node, args.nodes)
+        plans = plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch,
+                     precision=args.precision, top=None, include_unfit=True,
+                     semantics=TARGET if args.semantics == "target" else BEFORE_ISSUE_12,
+                     remats=args.remat, schedules=args.schedules)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shown = [p for p in plans if p.fits][:args.top] or plans[:args.top]
+    if args.json:
+        print(json.dumps(records(shown), indent=1))
+    else:
+        print(f"{args.model}: {plans[0].candidate.precision}, seq {args.seq_len}, global batch "
+              f"{args.global_batch} on {target}; step semantics: {args.semantics}; "
+              f"{len(plans)} configurations, {sum(p.fits for p in plans)} fit")
+        print(table(shown))
+        print("\nWhy #1:\n" + why(plans))
+    if args.preflight and shown[0].fits:
+        result = preflight(config, shown[0], args.seq_len,
+                           max_devices=args.max_devices or MAX_DEVICES)
+        print(result.summary(), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""One configuration of a training step on a cluster, and the step semantics it assumes."""
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+from jaxsmp.nn.remat import POLICIES
+from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
+from jaxsmp.pipeline.simulator import Report, simulate
+from jaxsmp.train.precision import precision_policy
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """How the step treats gathered layer weights (issue 12).
+
+    ``keep_gathered``: each layer's gathered weights stay alive from its forward to its
+    backward (``None``: only with ``remat="none"``, jaxsmp's behaviour before issue 12);
+    otherwise they are freed after the forward use and gathered again in the backward.
+    ``prefetch``: layer ``i + 1``'s shard is gathered while layer ``i`` computes (one
+    more gathered layer alive, collectives hidden behind compute).
+    ``megatron_tp``: tp splits each layer's matmuls, activations and gathered weights
+    (Megatron); ``False`` is what the step compiles before issue 12 (point 7): GSPMD
+    gathers whole layers over sdp x tp and every tp rank computes the whole layer.
+    """
+    keep_gathered: bool | None = False
+    prefetch: bool = True
+    megatron_tp: bool = True
+
+    def keeps_gathered(self, remat: str) -> bool:
+        return remat == "none" if self.keep_gathered is None else self.keep_gathered
+
+
+TARGET = Semantics(keep_gathered=False, prefetch=True)   # ZeRO-3 as issue 12 specifies
+BEFORE_ISSUE_12 = Semantics(keep_gathered=None, prefetch=False, megatron_tp=False)
+# What jaxsmp.step compiles on this branch: the pre-flight compares against it.
+COMPILED = BEFORE_ISSUE_12
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Mesh degrees, batch split and step options. ``microbatch_size``: sequences per
+    data-parallel rank per microbatch; ``microbatches``: gradient-accumulation steps
+    (pp = 1) or the pipeline's microbatches (pp > 1)."""
+    dp: int
+    sdp: int
+    tp: int
+    pp: int
+    microbatch_size: int
+    microbatches: int
+    remat: str = "full"
+    precision: str = "bf16"
+    schedule: str = "simple"
+    virtual_chunks: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "sdp", "tp", "pp", "microbatch_size", "microbatches",
+                     "virtual_chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.remat not in POLICIES:
+            raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {self.schedule!r}; valid: {SCHEDULES}")
+        if self.virtual_chunks > 1 and self.schedule != "virtual":
+            raise ValueError(f"virtual_chunks={self.virtual_chunks} needs schedule='virtual'")
+        precision_policy(self.precision)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.sdp * self.tp * self.pp
+
+    @property
+    def data(self) -> int:
+        """Ways the global batch is split (dp x sdp)."""
+        return self.dp * self.sdp
+
+    @property
+    def local_batch(self) -> int:
+        """Sequences per data-parallel rank per step."""
+        return self.microbatch_size * self.microbatches
+
+    @property
+    def global_batch(self) -> int:
+        return self.local_batch * self.data
+
+    @property
+    def grad_accum(self) -> int:
+        """Microbatches whose gradients one step sums outside a pipeline."""
+        return self.microbatches if self.pp == 1 else 1
+
+    @property
+    def offload(self) -> bool:
+        return self.remat == "offload"
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return {"dp": self.dp, "pp": self.pp, "sdp": self.sdp, "tp": self.tp}
+
+    def step_options(self) -> dict:
+        """Keyword arguments of ``jaxsmp.step`` that run this candidate."""
+        options = dict(microbatches=self.microbatches, precision=self.precision,
+                       remat=self.remat)
+        if self.pp > 1:
+            options["pipeline"] = self.schedule
+            if self.schedule == "virtual":
+                options["virtual_chunks"] = self.virtual_chunks
+        return options
+
+    def label(self) -> str:
+        parts = [f"dp={self.dp}", f"sdp={self.sdp}", f"tp={self.tp}", f"pp={self.pp}",
+                 f"mbs={self.microbatch_size}x{self.microbatches}", f"remat={self.remat}"]
+        if self.pp > 1:
+            parts.append(self.schedule + (f"/{self.virtual_chunks}" if self.virtual_chunks > 1
+                                          else ""))
+        if self.sequence_parallel:
+            parts.append("sp")
+        return " ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "grad_accum": self.grad_accum, "offload": self.offload}
+
+
+@functools.lru_cache(maxsize=None)
+def schedule_report(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> Report:
+    """The simulator's report (bubble, peak live activations) of a pipeline schedule."""
+    return simulate(make_schedule(schedule, stages, microbatches, chunks))

@@ -1,0 +1,145 @@
+"""Accelerators and nodes from public data sheets; users register their own.
+
+Every number here is a vendor data-sheet value (dense, no sparsity) or a public
+measurement named beside it; nothing is fitted to the training results the planner is
+checked against (see :mod:`jaxsmp.plan`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from collectives import CostModel
+
+GiB = 1 << 30
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator. ``peak_flops``: dense bf16/fp16 tensor FLOP/s; ``matmul_efficiency``:
+    the largest measured fraction of it a matmul reaches; ``attention_efficiency``: the
+    fraction FlashAttention's forward + backward reaches; ``memory_bytes`` / ``hbm_bandwidth``
+    (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction."""
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    hbm_bandwidth: float
+    link_bandwidth: float
+    matmul_efficiency: float
+    attention_efficiency: float
+    tf32_flops: float
+    source: str = ""
+
+    def flops(self, precision: str) -> float:
+        """Peak matmul FLOP/s in ``precision``: XLA:GPU runs float32 matmuls at default
+        precision on TF32 tensor cores."""
+        return self.tf32_flops if precision == "fp32" else self.peak_flops
+
+
+@dataclass(frozen=True)
+class Node:
+    """A host: ``gpus`` x ``gpu``, ``network_gbps`` across hosts (all NICs together),
+    ``pcie_bandwidth`` bytes/s per GPU to host memory (activation offload: one PCIe
+    x16 link, about 25 GB/s on Gen4 and 50 on Gen5, shared by the two GPUs of a switch)."""
+    name: str
+    gpu: GPU
+    gpus: int
+    network_gbps: float
+    pcie_bandwidth: float = 12.5 * GB
+    source: str = ""
+
+    def cost_model(self, link_efficiency: float = 0.8) -> CostModel:
+        """The collectives cost model of this node type: NVLink per device inside the
+        host, the host's network across hosts, each at ``link_efficiency`` of line rate
+        (NCCL's bus bandwidth on NVLink and EFA is about 80% of it)."""
+        return CostModel(alpha_intra=ALPHA_INTRA,
+                         bw_intra=self.gpu.link_bandwidth * link_efficiency,
+                         alpha_inter=ALPHA_INTER,
+                         bw_inter=self.network_gbps * 1e9 / 8 * link_efficiency,
+                         source=f"{self.name} data sheet x {link_efficiency:g}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` hosts of type ``node``."""
+    node: Node
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be a positive integer, got {self.nodes!r}")
+
+    @property
+    def world(self) -> int:
+        return self.node.gpus * self.nodes
+
+    def __str__(self) -> str:
+        return f"{self.nodes} x {self.node.name} ({self.world} x {self.node.gpu.name})"
+
+
+# Per-message start-up costs of the collectives cost model (collectives.CostModel.p4d).
+ALPHA_INTRA, ALPHA_INTER = 5e-6, 20e-6
+# Matmul efficiencies: the maximum achievable matmul FLOPS (MAMF) measured with BF16 inputs
+# by S. Bekman, "ML Engineering", compute/accelerator: A100 SXM 267.9 of 312 TFLOPS (85.9%),
+# H100 SXM 792.1 of 989 (80.1%); H200 is the same chip (GH200 measured 83.0%: 80% kept).
+# Attention efficiencies: FlashAttention-2 forward + backward (Dao 2023, fig. 4-5: about
+# 170 TFLOPS on A100 at head dim 128, causal) and on H100 (Shah et al. 2024,
+# FlashAttention-3, fig. 7: FlashAttention-2 about 340 of 989 TFLOPS).
+GPUS: dict[str, GPU] = {g.name: g for g in (
+    GPU("A100-40GB", 312e12, 40 * GiB, 1555 * GB, 300 * GB, 0.859, 0.55, 156e12,
+        "NVIDIA A100 data sheet (SXM4 40GB)"),
+    GPU("A100-80GB", 312e12, 80 * GiB, 2039 * GB, 300 * GB, 0.859, 0.55, 156e12,
+        "NVIDIA A100 data sheet (SXM4 80GB)"),
+    GPU("H100-SXM", 989e12, 80 * GiB, 3350 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
+        "NVIDIA H100 data sheet (SXM5)"),
+    GPU("H200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
+        "NVIDIA H200 data sheet (SXM)"),
+)}
+
+NODES: dict[str, Node] = {n.name: n for n in (
+    Node("p4d.24xlarge", GPUS["A100-40GB"], 8, 400, 12.5 * GB,
+         "AWS: 8 x A100 40GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
+    Node("p4de.24xlarge", GPUS["A100-80GB"], 8, 400, 12.5 * GB,
+         "AWS: 8 x A100 80GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
+    Node("p5.48xlarge", GPUS["H100-SXM"], 8, 3200, 25 * GB,
+         "AWS: 8 x H100 80GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
+    Node("p5e.48xlarge", GPUS["H200"], 8, 3200, 25 * GB,
+         "AWS: 8 x H200 141GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
+)}
+
+_GENERIC = re.compile(r"^(\d+)x([A-Za-z0-9-]+)\+(\d+(?:\.\d+)?)Gbps$")
+
+
+def register_gpu(gpu: GPU) -> GPU:
+    """Adds (or replaces) an accelerator type, usable in generic node names."""
+    GPUS[gpu.name] = gpu
+    return gpu
+
+
+def register_node(node: Node) -> Node:
+    """Adds (or replaces) a node type, usable by name in :func:`node` and the CLI."""
+    NODES[node.name] = node
+    return node
+
+
+def generic_node(gpu: str, gpus: int = 8, network_gbps: float = 400) -> Node:
+    """``gpus`` x ``gpu`` with NVLink inside and ``network_gbps`` across hosts."""
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r}; known: {sorted(GPUS)} (register_gpu adds one)")
+    if gpus < 1 or network_gbps <= 0:
+        raise ValueError(f"a node needs gpus >= 1 and network_gbps > 0; got {gpus}, "
+                         f"{network_gbps}")
+    return Node(f"{gpus}x{gpu}+{network_gbps:g}Gbps", GPUS[gpu], gpus, network_gbps,
+                source="generic")
+
+
+def node(name: str) -> Node:
+    """A registered node type, or a generic one written ``8xA100-80GB+400Gbps``."""
+    if name in NODES:
+        return NODES[name]
+    match = _GENERIC.match(name)
+    if match:
+        return generic_node(match.group(2), int(match.group(1)), float(match.group(3)))
+    raise ValueError(f"unknown node type {name!r}; known: {sorted(NODES)}, or generic "
+                     f"'<gpus>x<gpu>+<gbps>Gbps' with gpu in {sorted(GPUS)}")

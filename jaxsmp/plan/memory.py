@@ -1,0 +1,169 @@
+"""Per-device memory of one training step, component by component.
+
+The components follow what ``jaxsmp.step`` keeps alive (see :mod:`jaxsmp.plan` for the
+assumptions and sources). ``backend="cpu"`` predicts what XLA:CPU compiles (bfloat16
+work is kept in float32, attention runs blockwise with its score tiles in memory), which
+is what :mod:`jaxsmp.plan.compiled` measures; ``"gpu"`` is the target.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import jax.numpy as jnp
+
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
+from jaxsmp.plan.workload import Workload
+from jaxsmp.train.precision import precision_policy
+
+GiB = 1 << 30
+# Memory the step's buffers cannot use: CUDA context, cuBLAS/cuDNN workspaces, NCCL
+# channel buffers and allocator fragmentation (an allowance, stated rather than measured).
+FRAMEWORK_BYTES = 1.5 * GiB
+# Fraction of HBM XLA may allocate: the planner assumes XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
+# (JAX's default is 0.75).
+USABLE_FRACTION = 0.95
+# Blockwise attention's tile size on CPU (pallas_kernels.attention.DEFAULT_BLOCKS).
+_CPU_BLOCK = 512
+OPTIMIZER_BYTES_PER_PARAM = 8   # AdamW: float32 mu and nu
+# The loss keeps about this many bytes per logit: float32 logits and their gradient.
+LOGIT_BYTES = 8
+# Without remat, the backward of a layer needs room for its activations' gradients:
+# about this fraction of what the layer saved.
+NONE_WORKING = 0.5
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device. ``state``: float32 master parameters + optimizer state (the
+    step's arguments and, donated, its outputs); ``batch``: the token shard; the rest
+    are the compiled step's temporaries."""
+    params: float
+    optimizer: float
+    batch: float
+    grads: float
+    gathered: float
+    activations: float
+    working: float
+    logits: float
+    framework: float
+    phase: str = "backward"
+
+    @property
+    def state(self) -> float:
+        return self.params + self.optimizer
+
+    @property
+    def arguments(self) -> float:
+        return self.state + self.batch
+
+    @property
+    def temporaries(self) -> float:
+        return self.grads + self.gathered + self.activations + self.working + self.logits
+
+    @property
+    def peak(self) -> float:
+        """Arguments + temporaries (outputs alias the donated state)."""
+        return self.arguments + self.temporaries
+
+    @property
+    def total(self) -> float:
+        return self.peak + self.framework
+
+    def as_gib(self) -> dict:
+        numbers = {k: v for k, v in asdict(self).items() if k != "phase"}
+        return {k: v / GiB for k, v in {**numbers, "total": self.total}.items()}
+
+
+def pipeline_inflight(c: Candidate) -> int:
+    """Microbatch-chunks whose activations one stage holds at once: the SPMD runner of
+    ``simple``/``virtual`` keeps every tick's (``m*v + p - 1``); 1F1B keeps the simulated
+    peak of stage inputs (``p``). 1 without a pipeline."""
+    if c.pp == 1:
+        return 1
+    if c.schedule == "interleaved":
+        return max(schedule_report("interleaved", c.pp, c.microbatches).peak_activations)
+    return c.microbatches * c.virtual_chunks + c.pp - 1
+
+
+def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
+                    backend: str = "gpu", rules=None) -> MemoryBreakdown:
+    """Per-device memory of candidate ``c`` at the step's peak: the larger of two
+    moments, the loss and head backward, and the backward of the first layer (every
+    layer's activations still saved). ``ValueError`` if the model does not divide."""
+    shards = w.shards(c.mesh_shape, rules)
+    compute = jnp.dtype(precision_policy(c.precision).compute_dtype)
+    cbytes = 4 if backend == "cpu" else compute.itemsize
+    tp = c.tp if semantics.megatron_tp else 1     # how far tp splits a layer's work
+    tokens = c.microbatch_size * w.seq_len               # one microbatch, one rank
+    layers = math.ceil(w.layers / c.pp)
+    gathers = c.sdp > 1 or cbytes < 4                    # else the shards are used as they are
+    layer = shards.layer_gathered * c.tp // tp if gathers else 0
+    top = shards.top_gathered * c.tp // tp if gathers else 0
+    kept = _kept_layers(c, semantics, layers)
+    accumulator = 4 * shards.local if c.grad_accum > 1 else 0
+    saved = _saved_activations(w, c, tokens, layers, tp, backend)
+    state = dict(params=4 * shards.local, optimizer=OPTIMIZER_BYTES_PER_PARAM * shards.local,
+                 batch=4 * c.local_batch * w.seq_len,
+                 framework=FRAMEWORK_BYTES if backend == "gpu" else 0.0)
+    head_tokens = tokens * (c.microbatches if c.pp > 1 and c.schedule != "interleaved" else 1)
+    head = MemoryBreakdown(
+        **state, grads=accumulator + 4 * top,
+        gathered=cbytes * top + (cbytes * kept * layer if kept > 2 else 0),
+        activations=saved, working=0.0,
+        logits=head_tokens * w.vocab / tp * LOGIT_BYTES, phase="head")
+    full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
+    working = tokens * (full if c.remat != "none" else NONE_WORKING * full)
+    backward = MemoryBreakdown(
+        **state,
+        grads=accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers),
+        gathered=cbytes * kept * layer + max(0, 4 - cbytes) * layer,
+        activations=saved, working=working + _attention_tiles(w, c, tp, backend),
+        logits=0.0, phase="backward")
+    return max(head, backward, key=lambda m: m.peak)
+
+
+def _pipeline_grads(c: Candidate, shards, layer: float, layers: int) -> float:
+    """Gradients a pipeline holds across its ticks: the stage's layer gradients at
+    gathered size (stacked, before their reduce-scatter), and for 1F1B float32
+    accumulators of the stage's parameter shards (stacked and top-level)."""
+    if c.pp == 1:
+        return 0.0
+    return 4 * layers * layer + (4 * shards.local if c.schedule == "interleaved" else 0)
+
+
+def _kept_layers(c: Candidate, semantics: Semantics, layers: int) -> int:
+    """Gathered layers alive at once: one (two with prefetch), or when kept for the
+    backward pass every layer of every microbatch-chunk whose backward is pending."""
+    if not semantics.keeps_gathered(c.remat):
+        return 1 + int(semantics.prefetch)
+    if c.pp > 1 and c.schedule != "interleaved":
+        return layers // c.virtual_chunks * pipeline_inflight(c)
+    return layers
+
+
+def _saved_activations(w: Workload, c: Candidate, tokens: int, layers: int, tp: int,
+                       backend: str) -> float:
+    """Every activation the backward pass will read, on one device."""
+    saved = w.activations(c.remat, c.precision, backend).per_device(tp, c.sequence_parallel)
+    inflight = pipeline_inflight(c)
+    if c.pp > 1 and c.schedule == "interleaved":
+        # stage inputs of p microbatches in 3 buffers, every microbatch's input cotangent,
+        # and one microbatch's stage activations while its backward recomputes them
+        carry = w.activations("full", c.precision, backend).replicated
+        return tokens * carry * (3 * inflight + c.microbatches) + tokens * saved * layers
+    return tokens * saved * layers / c.virtual_chunks * inflight
+
+
+def _attention_tiles(w: Workload, c: Candidate, tp: int, backend: str) -> float:
+    """Blockwise attention's float32 score tiles of one query block (two alive: scores
+    and probabilities, or their gradients); FlashAttention keeps them on chip (GPU)."""
+    if backend != "cpu":
+        return 0.0
+    block = min(_CPU_BLOCK, w.seq_len)
+    return 2 * 4 * c.microbatch_size * (w.heads / tp) * block * block
+
+
+def capacity(memory_bytes: float) -> float:
+    """What XLA may allocate on a device of ``memory_bytes``."""
+    return USABLE_FRACTION * memory_bytes

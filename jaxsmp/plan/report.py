@@ -1,0 +1,85 @@
+"""Plans as a table, as JSON, and why the best one wins."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from jaxsmp.plan.search import Plan
+
+GiB = 1 << 30
+_HEADER = (f"{'#':>3}  {'configuration':<58} {'GiB/GPU':>8}  {'state':>6} {'grads':>6} "
+           f"{'gather':>6} {'activ':>6} {'work':>6} {'fwk':>5}  {'TFLOP/s':>7} {'MFU':>5} "
+           f"{'step s':>7}")
+
+
+def table(plans: Sequence[Plan]) -> str:
+    """One line per plan: configuration, memory per GPU and its parts (at the step's
+    peak), model TFLOP/s per GPU, MFU and step time."""
+    lines = [_HEADER]
+    for i, p in enumerate(plans, 1):
+        m = p.memory
+        work = m.working + m.logits + m.batch
+        lines.append(
+            f"{i:>3}  {p.candidate.label():<58} {m.total / GiB:>8.1f}  {m.state / GiB:>6.1f} "
+            f"{m.grads / GiB:>6.1f} {m.gathered / GiB:>6.1f} {m.activations / GiB:>6.1f} "
+            f"{work / GiB:>6.1f} {m.framework / GiB:>5.1f}  "
+            f"{p.throughput.model_tflops_per_gpu:>7.1f} {p.throughput.mfu:>5.1%} "
+            f"{p.throughput.step_seconds:>7.2f}" + ("" if p.fits else "  (does not fit)"))
+    return "\n".join(lines)
+
+
+def _shares(p: Plan) -> str:
+    t = p.time
+    parts = {"compute": t.compute, "exposed sdp collectives": t.sdp, "tp all-reduces": t.tp,
+             "pipeline sends": t.pp, "pipeline bubble": t.bubble, "dp all-reduce": t.dp,
+             "optimizer": t.optimizer, "offload transfers": t.offload}
+    shown = [f"{name} {value / t.total:.0%}" for name, value in parts.items()
+             if value / t.total >= 0.005]
+    return ", ".join(shown)
+
+
+def _best(plans: Sequence[Plan], keep: Callable[[Plan], bool]) -> Plan | None:
+    return next((p for p in plans if p.fits and keep(p)), None)
+
+
+def why(plans: Sequence[Plan]) -> str:
+    """Why the first (fastest fitting) plan wins, against the runner-up, the best plan
+    of each other kind, and any faster configuration that does not fit."""
+    best = _best(plans, lambda p: True)
+    if best is None:
+        smallest = min(plans, key=lambda p: p.memory.total)
+        return (f"No configuration fits: the smallest, {smallest.candidate.label()}, needs "
+                f"{smallest.memory.total / GiB:.1f} GiB per GPU of {smallest.capacity / GiB:.1f}."
+                f" Use more nodes, GPUs with more memory, or a shorter sequence.")
+    b = best.candidate
+    lines = [f"#1 {b.label()}: {best.throughput.step_seconds:.2f} s per step "
+             f"({_shares(best)}), {best.memory.total / GiB:.1f} of "
+             f"{best.capacity / GiB:.1f} GiB per GPU."]
+    rivals = [
+        ("runner-up", lambda p: p is not best),
+        ("best with another tp", lambda p: p.candidate.tp != b.tp),
+        ("best with another pp", lambda p: p.candidate.pp != b.pp),
+        ("best with another remat", lambda p: p.candidate.remat != b.remat),
+        ("best with another sdp", lambda p: p.candidate.sdp != b.sdp),
+    ]
+    named: dict[int, tuple[Plan, list[str]]] = {}
+    for name, keep in rivals:
+        rival = _best(plans, keep)
+        if rival is not None:
+            named.setdefault(id(rival), (rival, []))[1].append(name)
+    for rival, names in named.values():
+        slower = rival.throughput.step_seconds / best.throughput.step_seconds - 1
+        lines.append(f"{names[0]}" + (f" (also {', '.join(names[1:])})" if names[1:] else "")
+                     + f": {rival.candidate.label()} is {slower:.1%} slower ({_shares(rival)}).")
+    faster = [p for p in plans if not p.fits
+              and p.throughput.step_seconds < best.throughput.step_seconds]
+    if faster:
+        top = min(faster, key=lambda p: p.throughput.step_seconds)
+        lines.append(f"faster but does not fit: {top.candidate.label()} would need "
+                     f"{top.memory.total / GiB:.1f} GiB per GPU (peak at the "
+                     f"{top.memory.phase} pass) of {top.capacity / GiB:.1f}.")
+    return "\n".join(lines)
+
+
+def records(plans: Sequence[Plan]) -> list[dict]:
+    """JSON-ready dictionaries, in the plans' order."""
+    return [p.as_dict() for p in plans]

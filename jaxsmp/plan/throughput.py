@@ -1,0 +1,211 @@
+"""Step time of one candidate on a cluster: compute, collectives, pipeline bubble.
+
+Per microbatch and layer a device runs its matmuls (roofline: FLOPs at the measured
+matmul efficiency, or their bytes at HBM bandwidth), FlashAttention (executed causal
+FLOPs at its measured efficiency) and memory-bound work (moving the layer's activations);
+collectives come from :class:`collectives.CostModel` on the mesh axis' topology. See
+:mod:`jaxsmp.plan` for the assumptions and their sources.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import jax.numpy as jnp
+
+import collectives
+from collectives import CostModel, Topology
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
+from jaxsmp.plan.hardware import Cluster
+from jaxsmp.plan.workload import Workload
+from jaxsmp.train.precision import precision_policy
+
+# Memory-bound work per layer: the forward writes the layer's activations once, the
+# backward reads them and writes and reads their gradients (4 passes; 5 with recompute).
+ELEMENTWISE_PASSES = 4
+# FlashAttention's backward runs 5 matmuls of the forward's 2 (Dao 2023).
+ATTENTION_BACKWARD = 2.5
+ADAMW_BYTES_PER_PARAM = 32   # read params, grads, mu, nu; write params, mu, nu (float32)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per step on the critical path of one device."""
+    compute: float       # matmuls, attention, memory-bound work, recomputation
+    sdp: float           # sdp gathers / reduce-scatters not hidden behind compute
+    tp: float            # tensor-parallel all-reduces
+    pp: float            # pipeline point-to-point transfers
+    bubble: float        # pipeline idle time
+    dp: float            # gradient all-reduce over dp
+    optimizer: float
+    offload: float       # host transfers not hidden behind compute
+
+    @property
+    def total(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One layer, one microbatch, one device: seconds of forward and backward compute
+    (recomputation included) and of sdp collectives."""
+    forward: float
+    backward: float
+    recompute: float
+    gather: float
+    reduce_scatter: float
+    tp: float
+    offload: float
+
+
+def group_topology(size: int, stride: int, per_host: int) -> tuple[Topology, int]:
+    """The topology of a mesh-axis group of ``size`` devices ``stride`` apart (devices
+    fill hosts of ``per_host`` in order), and how many such groups share each host."""
+    if stride >= per_host:
+        return Topology(size, 1), per_host
+    inside = min(size, per_host // stride)
+    return Topology(size // inside, inside), stride
+
+
+def _cost(cluster: Cluster, size: int, stride: int) -> tuple[Topology, CostModel]:
+    topo, sharing = group_topology(size, stride, cluster.node.gpus)
+    model = cluster.node.cost_model()
+    return topo, (model.sharing_network(sharing) if topo.hosts > 1 else model)
+
+
+def _collective(cluster: Cluster, size: int, stride: int, shard_bytes: float) -> float:
+    """An all-gather (or reduce-scatter) of ``shard_bytes`` per rank, best algorithm."""
+    if size == 1:
+        return 0.0
+    topo, model = _cost(cluster, size, stride)
+    return model.predict(collectives.choose(int(shard_bytes), topo, model), shard_bytes, topo)
+
+
+def _all_reduce(cluster: Cluster, size: int, stride: int, nbytes: float) -> float:
+    if size == 1:
+        return 0.0
+    topo, model = _cost(cluster, size, stride)
+    return model.all_reduce("ring", nbytes, topo)
+
+
+def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) -> _Layer:
+    gpu = cluster.node.gpu
+    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    tokens = c.microbatch_size * w.seq_len
+    rate = gpu.flops(c.precision)
+    split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
+    matmul_flops = 2 * w.layer_matmul_params / split * tokens
+    matmul_bytes = cbytes * (w.layer_matmul_params / split + 8 * tokens * w.hidden)
+    matmul = max(matmul_flops / (rate * gpu.matmul_efficiency), matmul_bytes / gpu.hbm_bandwidth)
+    causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
+    attention = causal_flops / (rate * gpu.attention_efficiency)
+    moved = w.activations("none", c.precision).per_device(split, c.sequence_parallel) * tokens
+    elementwise = moved / gpu.hbm_bandwidth
+    forward = matmul + attention + elementwise
+    backward = 2 * matmul + ATTENTION_BACKWARD * attention + (ELEMENTWISE_PASSES - 1) * elementwise
+    recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
+    if c.pp > 1 and c.schedule == "interleaved":
+        recompute += forward        # 1F1B's backward recomputes its stage
+    shards = w.shards(c.mesh_shape)
+    per_layer = shards.layer_gathered * c.tp / split / c.sdp
+    gather = _collective(cluster, c.sdp, c.tp, cbytes * per_layer)
+    reduce_scatter = _collective(cluster, c.sdp, c.tp, 4 * per_layer)
+    if not semantics.keeps_gathered(c.remat):
+        reduce_scatter += gather    # gathered again for the backward pass
+    reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
+    tp = reductions * _all_reduce(cluster, split, 1, tokens * w.hidden * cbytes)
+    host = w.activations(c.remat, c.precision).host / split * tokens
+    offload = 2 * host / cluster.node.pcie_bandwidth
+    return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload)
+
+
+def _overlapped(layer: _Layer, semantics: Semantics) -> tuple[float, float, float]:
+    """(compute, exposed sdp collectives, exposed offload) of one layer: with prefetch
+    the next layer's gather runs under this layer's compute (and in the backward the
+    re-gather and the reduce-scatter under the backward's)."""
+    compute = layer.forward + layer.backward + layer.recompute
+    comm = layer.gather + layer.reduce_scatter
+    if semantics.prefetch:
+        exposed = (max(0.0, layer.gather - layer.forward)
+                   + max(0.0, layer.reduce_scatter - layer.backward - layer.recompute))
+    else:
+        exposed = comm
+    return compute, exposed, max(0.0, layer.offload - compute)
+
+
+def _head(w: Workload, c: Candidate, cluster: Cluster) -> float:
+    """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
+    and float32 logits moved a few times."""
+    gpu = cluster.node.gpu
+    tokens = c.microbatch_size * w.seq_len
+    flops = 6 * w.hidden * w.vocab / c.tp * tokens
+    return (flops / (gpu.flops(c.precision) * gpu.matmul_efficiency)
+            + 4 * 4 * tokens * w.vocab / c.tp / gpu.hbm_bandwidth)
+
+
+def _bubble(c: Candidate) -> float:
+    if c.pp == 1:
+        return 0.0
+    return schedule_report(c.schedule, c.pp, c.microbatches, c.virtual_chunks).bubble
+
+
+def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
+                  semantics: Semantics = TARGET) -> StepTime:
+    """Step time of ``c`` on ``cluster`` (its ``world`` must equal the candidate's)."""
+    if c.world != cluster.world:
+        raise ValueError(f"candidate {c.label()} uses {c.world} devices; the cluster has "
+                         f"{cluster.world}")
+    layer = _layer(w, c, cluster, semantics)
+    compute, exposed, offload = _overlapped(layer, semantics)
+    layers = math.ceil(w.layers / c.pp)
+    m = c.microbatches
+    branchless = 2 if c.pp > 1 and c.schedule == "interleaved" and c.tp > 1 else 1
+    per_microbatch = layers * (compute + exposed + layer.tp + offload) * branchless
+    shards = w.shards(c.mesh_shape)
+    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    top = (_collective(cluster, c.sdp, c.tp, cbytes * shards.top_gathered / c.sdp)
+           + _collective(cluster, c.sdp, c.tp, 4 * shards.top_gathered / c.sdp))
+    tokens = c.microbatch_size * w.seq_len
+    sends = 2 * c.virtual_chunks * _send(cluster, c, tokens * w.hidden * cbytes)
+    pipeline = m * per_microbatch
+    gpu = cluster.node.gpu
+    return StepTime(
+        compute=m * layers * compute * branchless + m * _head(w, c, cluster),
+        sdp=m * (layers * exposed * branchless + top),
+        tp=m * layers * layer.tp * branchless,
+        pp=m * sends,
+        bubble=(pipeline + m * sends) * _bubble(c),
+        dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.tp, 4 * shards.local),
+        optimizer=shards.local * (ADAMW_BYTES_PER_PARAM + 12 * (c.grad_accum - 1))
+        / gpu.hbm_bandwidth,
+        offload=m * layers * offload * branchless)
+
+
+def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:
+    """One microbatch's activations from one stage to the next."""
+    if c.pp == 1:
+        return 0.0
+    topo, model = _cost(cluster, c.pp, c.sdp * c.tp)
+    return model.send(nbytes, across_hosts=topo.hosts > 1)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    step_seconds: float
+    tokens_per_second: float
+    model_tflops_per_gpu: float      # 6N + attention per token (PaLM), no recomputation
+    hardware_tflops_per_gpu: float   # FLOPs executed, recomputation included
+    mfu: float
+
+
+def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime) -> Throughput:
+    tokens = c.global_batch * w.seq_len
+    seconds = step.total
+    model = w.model_flops_per_token * tokens / seconds / cluster.world
+    extra = {"none": 0.0, "full": 1 / 3}.get(c.remat, 0.0)
+    if c.pp > 1 and c.schedule == "interleaved":
+        extra += 1 / 3
+    layer_share = 1 - 6 * w.hidden * w.vocab / w.model_flops_per_token
+    hardware = model * (1 + extra * layer_share)
+    return Throughput(seconds, tokens / seconds, model / 1e12, hardware / 1e12,
+                      model / cluster.node.gpu.flops(c.precision))

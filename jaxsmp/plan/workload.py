@@ -1,0 +1,253 @@
+"""What one model asks of each device: parameter shards, FLOPs, saved activations.
+
+Everything comes from abstract shapes (``nnx.eval_shape``), the sharding rules
+(:func:`jaxsmp.sharding.rules.resolve_spec`) and JAX's own list of the residuals a layer
+saves for its backward pass (``saved_residuals``), so nothing is allocated and any model
+built from a :class:`jaxsmp.nn.Stack` is covered.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax._src.ad_checkpoint import saved_residuals
+
+from jaxsmp.metrics.flops import train_flops_per_token
+from jaxsmp.nn.layer_context import LayerContext, layer_context
+from jaxsmp.nn.param import logical_axes
+from jaxsmp.nn.remat import POLICIES
+from jaxsmp.nn.stack import Stack
+from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
+from jaxsmp.train.precision import precision_policy
+
+# Tokens of the abstract trace that measures a layer's residuals (their count per token
+# does not depend on it). The odd length tells per-token residuals from per-layer ones.
+_TRACE_BATCH, _TRACE_SEQ = 1, 13
+
+
+@dataclass(frozen=True)
+class Param:
+    path: str
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+    stacked: bool
+
+
+@dataclass(frozen=True)
+class Shards:
+    """Elements per device of one mesh layout. ``local``: the stored shards (stacked
+    layers and top-level parameters); ``layer_gathered``: one layer after the sdp gather
+    (still split over tp); ``top_gathered``: the top-level parameters the step gathers."""
+    stacked_local: int
+    top_local: int
+    layer_gathered: int
+    top_gathered: int
+
+    @property
+    def local(self) -> int:
+        return self.stacked_local + self.top_local
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per token that one layer keeps for its backward pass on each device:
+    ``replicated`` over tp (model width), ``split`` over tp (heads, MLP), and ``host``
+    (offloaded; split over tp)."""
+    replicated: float
+    split: float
+    host: float = 0.0
+
+    def per_device(self, tp: int, sequence_parallel: bool = False) -> float:
+        return self.replicated / (tp if sequence_parallel else 1) + self.split / tp
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _path(keys) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in keys)
+
+
+def _find_stack(model: nnx.Module) -> Stack:
+    stacks = [m for _, m in nnx.iter_graph(model) if isinstance(m, Stack)]
+    if len(stacks) != 1:
+        raise ValueError(f"the planner needs the model's repeated layers in exactly one "
+                         f"jaxsmp.nn.Stack; found {len(stacks)}")
+    return stacks[0]
+
+
+def _residual_dtype(shape: jax.ShapeDtypeStruct, backend: str) -> int:
+    # XLA:CPU computes bfloat16/float16 elementwise work in float32 and keeps it so
+    itemsize = jnp.dtype(shape.dtype).itemsize
+    return 4 if backend == "cpu" and jnp.issubdtype(shape.dtype, jnp.floating) else itemsize
+
+
+class Workload:
+    """A model config trained on ``seq_len``-token sequences."""
+
+    def __init__(self, config: Any, seq_len: int):
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+        self.config, self.seq_len = config, seq_len
+        model = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
+        # blockwise attention saves what FlashAttention saves and takes any length
+        traced = config.replace(attention_impl="blockwise") \
+            if hasattr(config, "attention_impl") else config
+        self._traced = traced
+        self._stack = _find_stack(nnx.eval_shape(lambda: traced.build(nnx.Rngs(0))))
+        self.layers = self._stack.num_layers
+        state = nnx.state(model, nnx.Param)
+        leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_var)[0]
+        self._shards: dict = {}
+        self.params = tuple(
+            Param(_path(keys), tuple(v.shape), logical_axes(v),
+                  v.get_metadata().get("out_sharding", (None,))[:1] == ("layers",))
+            for keys, v in leaves)
+
+    # -- sizes ----------------------------------------------------------------------
+    @functools.cached_property
+    def total_params(self) -> int:
+        return sum(math.prod(p.shape) for p in self.params)
+
+    @functools.cached_property
+    def layer_params(self) -> int:
+        """Parameters of one stacked layer."""
+        return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked)
+
+    @functools.cached_property
+    def layer_matmul_params(self) -> int:
+        """Matmul weights (kernels) of one layer: 2 FLOPs per token each, forward."""
+        return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked and len(p.shape) > 2)
+
+    @property
+    def hidden(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return getattr(self.config, "kv_heads", self.heads)
+
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    @functools.cached_property
+    def model_flops_per_token(self) -> float:
+        """Model FLOPs per trained token (6N + attention; :mod:`jaxsmp.metrics.flops`)."""
+        return train_flops_per_token(self.config, self.seq_len)
+
+    def shards(self, mesh_shape: Mapping[str, int], rules: Mapping | None = None) -> Shards:
+        """Per-device elements on a mesh of ``mesh_shape`` degrees (``ValueError`` if a
+        parameter does not divide)."""
+        rules = DEFAULT_RULES if rules is None else rules
+        key = (tuple(sorted(mesh_shape.items())), tuple(sorted(rules.items())))
+        if key not in self._shards:
+            self._shards[key] = self._compute_shards(mesh_shape, rules)
+        return self._shards[key]
+
+    def _compute_shards(self, mesh_shape: Mapping[str, int], rules: Mapping) -> Shards:
+        stacked = top = layer = top_gathered = 0
+        for p in self.params:
+            spec = resolve_spec(p.path, p.axes, p.shape, mesh_shape, rules)
+            split = [math.prod(mesh_shape[a] for a in _names(d)) for d in spec]
+            local = math.prod(n // k for n, k in zip(p.shape, split))
+            no_sdp = [k // (mesh_shape["sdp"] if "sdp" in _names(d) else 1)
+                      for d, k in zip(spec, split)]
+            if p.stacked:
+                stacked += local
+                layer += math.prod(n // k for n, k in zip(p.shape[1:], no_sdp[1:]))
+            else:
+                top += local
+                if not self._looked_up(p):
+                    top_gathered += math.prod(n // k for n, k in zip(p.shape, no_sdp))
+        return Shards(stacked, top, layer, top_gathered)
+
+    def _looked_up(self, p: Param) -> bool:
+        """An untied embedding table is read from its shards, never gathered
+        (:mod:`jaxsmp.train.embed_lookup`)."""
+        return p.axes == ("vocab", "embed") and not self.tied and "embed" in p.path.split("/")[0]
+
+    # -- activations ----------------------------------------------------------------
+    @functools.lru_cache(maxsize=None)
+    def activations(self, remat: str, precision: str, backend: str = "gpu") -> Activations:
+        """What one layer keeps per token for its backward pass under ``remat``, from the
+        residuals JAX saves (traced abstractly); ``full`` keeps the layer input only,
+        ``offload`` keeps the matmul outputs in host memory."""
+        if remat not in POLICIES:
+            raise ValueError(f"unknown remat policy {remat!r}; valid: {POLICIES}")
+        dtype = precision_policy(precision).compute_dtype
+        if remat == "offload":  # what save_matmuls keeps, moved to host memory
+            kept, _ = self._residual_bytes("full", dtype, backend)
+            replicated, split = self._residual_bytes("save_matmuls", dtype, backend)
+            return Activations(replicated=kept, split=0.0, host=replicated + split - kept)
+        replicated, split = self._residual_bytes(remat, dtype, backend)
+        return Activations(replicated=replicated, split=split)
+
+    @functools.lru_cache(maxsize=None)
+    def _residual_bytes(self, remat: str, dtype, backend: str) -> tuple[float, float]:
+        """(replicated, split) bytes per token of one layer's residuals: the ``Stack``
+        runs one layer on ``x`` under jaxsmp's remat policy ``remat``, abstractly."""
+        _, stacked = nnx.split(self._stack.layers)
+        one = jax.tree.map(lambda v: jax.ShapeDtypeStruct((1, *v.shape[1:]), dtype), stacked)
+        tokens = _TRACE_BATCH * _TRACE_SEQ
+        x = jax.ShapeDtypeStruct((_TRACE_BATCH, _TRACE_SEQ, self.hidden), dtype)
+
+        def loss(layer, h, args):
+            out = {}
+
+            def hook(run, x_stack, params, stack_args):
+                out["y"] = run(h, layer, args)
+                return x_stack
+            with layer_context(LayerContext(remat=remat, pipeline=hook)):
+                self._stack(h, *args)
+            return out["y"].astype(jnp.float32).sum()
+
+        replicated = split = 0.0
+        for shape, source in saved_residuals(loss, one, x, self._layer_args):
+            per_layer = "output of scan" in source or "argument h" in source
+            if not per_layer or _TRACE_SEQ not in shape.shape:
+                continue  # weights, per-channel constants, what all layers share
+            nbytes = float(np.prod(shape.shape)) * _residual_dtype(shape, backend) / tokens
+            if shape.shape[-1] != self.hidden:
+                split += nbytes     # [.., heads, head_dim], an MLP or fused-QKV width
+            else:
+                replicated += nbytes
+        return replicated, split
+
+    @functools.cached_property
+    def _layer_args(self) -> tuple:
+        """The extra arguments the model passes its stacked layers (e.g. rotary tables),
+        as abstract values, captured by a pipeline hook in an abstract forward pass."""
+        captured = {}
+
+        def hook(run, x, params, args):
+            captured["args"] = tuple(args)
+            return x
+
+        def forward(state):
+            with layer_context(LayerContext(pipeline=hook)):
+                nnx.merge(graphdef, state)(jnp.zeros((_TRACE_BATCH, _TRACE_SEQ), jnp.int32))
+            return captured.pop("args")
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: self._traced.build(nnx.Rngs(0))))
+        return jax.eval_shape(forward, state)
+
+
+def _names(dim) -> tuple[str, ...]:
+    if dim is None:
+        return ()
+    return (dim,) if isinstance(dim, str) else tuple(dim)

@@ -1,0 +1,38 @@
+"""Configurations and the step semantics they assume."""
+import pytest
+
+from jaxsmp.plan import BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, schedule_report
+
+
+def test_a_candidate_knows_its_world_batch_and_step_options():
+    c = Candidate(dp=2, sdp=4, tp=2, pp=2, microbatch_size=3, microbatches=4, remat="full",
+                  precision="bf16", schedule="interleaved")
+    assert (c.world, c.data, c.local_batch, c.global_batch, c.grad_accum) == (32, 8, 12, 96, 1)
+    assert c.step_options() == dict(microbatches=4, precision="bf16", remat="full",
+                                    pipeline="interleaved")
+    flat = Candidate(1, 8, 1, 1, 2, 4, "offload")
+    assert flat.grad_accum == 4 and flat.offload and "pipeline" not in flat.step_options()
+    assert flat.as_dict()["grad_accum"] == 4
+
+
+def test_bad_candidates_are_rejected_by_name():
+    with pytest.raises(ValueError, match="sdp must be a positive integer"):
+        Candidate(1, 0, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="unknown remat policy"):
+        Candidate(1, 1, 1, 1, 1, 1, remat="most")
+    with pytest.raises(ValueError, match="virtual_chunks=2 needs schedule='virtual'"):
+        Candidate(1, 1, 1, 2, 1, 2, virtual_chunks=2)
+    with pytest.raises(ValueError, match="unknown precision"):
+        Candidate(1, 1, 1, 1, 1, 1, precision="fp8")
+
+
+def test_semantics_say_when_gathered_weights_stay_alive():
+    assert BEFORE_ISSUE_12.keeps_gathered("none") and not BEFORE_ISSUE_12.keeps_gathered("full")
+    assert not TARGET.keeps_gathered("none") and TARGET.prefetch and TARGET.megatron_tp
+    assert COMPILED == BEFORE_ISSUE_12   # switch to TARGET when issue 12 lands
+
+
+def test_schedule_reports_come_from_the_simulator():
+    assert schedule_report("simple", 4, 8).bubble == pytest.approx(3 / 8)
+    assert schedule_report("virtual", 4, 8, 2).bubble == pytest.approx(3 / 16)
+    assert max(schedule_report("interleaved", 4, 8).peak_activations) == 4

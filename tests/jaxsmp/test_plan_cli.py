@@ -1,0 +1,67 @@
+"""``python -m jaxsmp.plan``: the table, --json, --preflight and errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import jaxsmp
+from jaxsmp.hf import to_hf_config
+from jaxsmp.plan.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRED = {"dp", "sdp", "tp", "pp", "microbatch_size", "grad_accum", "remat", "offload",
+            "memory_gib_per_gpu", "tflops_per_gpu", "mfu", "fits"}
+
+
+def test_json_lists_the_plans_best_first(capsys):
+    assert main(["--model", "gpt_neox:13b", "--node", "p4d.24xlarge", "--nodes", "4",
+                 "--seq-len", "2048", "--global-batch", "64", "--top", "3", "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)
+    assert len(plans) == 3 and REQUIRED <= set(plans[0])
+    assert all(p["fits"] for p in plans)
+    assert [p["tflops_per_gpu"] for p in plans] == sorted(
+        (p["tflops_per_gpu"] for p in plans), reverse=True)
+
+
+def test_a_hugging_face_config_and_a_generic_node_are_accepted(tmp_path, capsys):
+    config = jaxsmp.models.preset("llama", "tiny")
+    (tmp_path / "config.json").write_text(json.dumps(to_hf_config(config)))
+    assert main(["--model", str(tmp_path / "config.json"), "--node", "8xH100-SXM+800Gbps",
+                 "--seq-len", "256", "--global-batch", "16", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Why #1" in out and "8xH100-SXM+800Gbps" in out
+
+
+def test_bad_input_is_one_clear_line(capsys):
+    assert main(["--model", "gpt_neox:13b", "--node", "p9.huge", "--seq-len", "2048",
+                 "--global-batch", "64"]) == 2
+    assert "unknown node type 'p9.huge'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_preflight_compiles_the_best_plan_on_simulated_devices(capsys):
+    assert main(["--model", "gpt_neox:tiny", "--node", "8xA100-80GB+400Gbps", "--seq-len",
+                 "128", "--global-batch", "16", "--top", "1", "--remat", "full",
+                 "--preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "pre-flight:" in out and "model vs compiled peak" in out
+
+
+def test_python_dash_m_runs_the_package():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "jaxsmp.plan", "--model", "gpt_neox:tiny",
+                           "--node", "p4d.24xlarge", "--seq-len", "128", "--global-batch",
+                           "8", "--top", "1", "--json"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert REQUIRED <= set(json.loads(done.stdout)[0])
+
+
+def test_options_that_would_be_ignored_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "gpt_neox:tiny", "--node", "p4d.24xlarge", "--seq-len", "128",
+              "--global-batch", "8", "--max-devices", "8"])
+    assert "--max-devices applies to --preflight only" in capsys.readouterr().err

@@ -1,0 +1,44 @@
+"""Accelerator and node tables, generic and user-registered nodes."""
+import pytest
+
+from jaxsmp.plan import GPUS, NODES, Cluster, GPU, Node, generic_node, node, register_node
+from jaxsmp.plan.hardware import GiB
+
+
+def test_data_sheet_entries_describe_the_aws_nodes():
+    p4d = node("p4d.24xlarge")
+    assert (p4d.gpus, p4d.gpu.name, p4d.network_gbps) == (8, "A100-40GB", 400)
+    assert p4d.gpu.peak_flops == 312e12 and p4d.gpu.memory_bytes == 40 * GiB
+    assert node("p4de.24xlarge").gpu.memory_bytes == 80 * GiB
+    assert node("p5.48xlarge").network_gbps == 3200 and node("p5.48xlarge").gpu.peak_flops == 989e12
+    assert {"A100-40GB", "A100-80GB", "H100-SXM", "H200"} <= set(GPUS)
+
+
+def test_a_generic_node_is_named_by_gpus_gpu_and_network():
+    n = node("8xH200+800Gbps")
+    assert (n.gpus, n.gpu, n.network_gbps) == (8, GPUS["H200"], 800)
+    assert generic_node("A100-80GB", 4, 100).gpus == 4
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown node type 'p9'"):
+        node("p9")
+    with pytest.raises(ValueError, match="unknown GPU 'B300'"):
+        node("8xB300+400Gbps")
+    with pytest.raises(ValueError, match="nodes must be a positive integer"):
+        Cluster(node("p4d.24xlarge"), 0)
+
+
+def test_users_register_their_own_nodes():
+    gpu = GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12)
+    try:
+        register_node(Node("my.box", gpu, 4, 100))
+        assert Cluster(node("my.box"), 2).world == 8
+    finally:
+        NODES.pop("my.box")
+
+
+def test_the_cost_model_uses_nvlink_inside_and_the_network_across_hosts():
+    model = node("p4d.24xlarge").cost_model(link_efficiency=1.0)
+    assert model.bw_intra == 300e9 and model.bw_inter == 400e9 / 8
+    assert node("p4d.24xlarge").cost_model().bw_inter == pytest.approx(0.8 * 50e9)

@@ -1,0 +1,37 @@
+"""Plans as a table, as JSON records, and the reasons the best one wins."""
+from jaxsmp.plan import cluster, plan
+from jaxsmp.plan.report import records, table, why
+
+
+def plans(**kw):
+    return plan("gpt_neox:13b", cluster("p4d.24xlarge", 4), seq_len=2048, global_batch=64,
+                top=None, include_unfit=True, **kw)
+
+
+def test_the_table_shows_configuration_memory_parts_tflops_and_mfu():
+    ranked = plans()
+    text = table(ranked[:3])
+    assert "GiB/GPU" in text and "TFLOP/s" in text and "MFU" in text
+    assert ranked[0].candidate.label() in text.splitlines()[1]
+    assert "does not fit" in table(ranked[-1:])
+
+
+def test_why_compares_the_best_with_its_rivals_and_names_what_does_not_fit():
+    ranked = plans()
+    text = why(ranked)
+    first = text.splitlines()[0]
+    assert first.startswith("#1 " + ranked[0].candidate.label()) and "compute" in first
+    assert "runner-up (also best with another tp" in text and "slower" in text
+    assert "remat" in text.splitlines()[1]
+
+
+def test_why_says_when_nothing_fits():
+    ranked = plan("bloom:176b", cluster("p4d.24xlarge", 1), seq_len=2048, global_batch=8,
+                  top=None, include_unfit=True)
+    assert why(ranked).startswith("No configuration fits")
+
+
+def test_records_keep_the_plans_order():
+    ranked = plans()[:4]
+    assert [r["step_seconds"] for r in records(ranked)] == [
+        p.throughput.step_seconds for p in ranked]

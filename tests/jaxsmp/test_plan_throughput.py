@@ -1,0 +1,72 @@
+"""The step-time model: compute, collectives on the topology, overlap, bubble."""
+import pytest
+
+import jaxsmp
+from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, Candidate, Workload, cluster, estimate_time
+from jaxsmp.plan.throughput import group_topology, throughput
+
+W = Workload(jaxsmp.models.preset("gpt_neox", "13b"), 2048)
+P4D = cluster("p4d.24xlarge", 16)
+
+
+def test_mesh_axis_groups_fill_hosts_in_mesh_order():
+    topo, sharing = group_topology(size=16, stride=1, per_host=8)   # sdp=16 with tp=1
+    assert (topo.hosts, topo.devices_per_host, sharing) == (2, 8, 1)
+    topo, sharing = group_topology(size=16, stride=2, per_host=8)   # sdp=16 with tp=2
+    assert (topo.hosts, topo.devices_per_host, sharing) == (4, 4, 2)
+    topo, sharing = group_topology(size=4, stride=32, per_host=8)   # dp across hosts
+    assert (topo.hosts, topo.devices_per_host, sharing) == (4, 1, 8)
+
+
+def test_large_microbatches_are_compute_bound_and_their_model_flops_add_up():
+    c = Candidate(1, 128, 1, 1, 8, 1, "full")
+    step = estimate_time(W, c, P4D)
+    assert step.compute > 0.9 * step.total
+    t = throughput(W, c, P4D, step)
+    tokens = 1024 * 2048
+    assert t.model_tflops_per_gpu == pytest.approx(
+        W.model_flops_per_token * tokens / step.total / 128 / 1e12)
+    assert t.mfu == pytest.approx(t.model_tflops_per_gpu * 1e12 / 312e12)
+    assert t.hardware_tflops_per_gpu > t.model_tflops_per_gpu   # full remat recomputes
+
+
+def test_prefetch_hides_sdp_collectives_that_otherwise_add_up():
+    c = Candidate(1, 128, 1, 1, 8, 1, "full")
+    hidden = estimate_time(W, c, P4D, TARGET).sdp
+    exposed = estimate_time(W, c, P4D, BEFORE_ISSUE_12).sdp
+    assert exposed > 10 * hidden
+
+
+def test_smaller_microbatches_expose_more_of_the_sdp_collectives():
+    big = estimate_time(W, Candidate(1, 128, 1, 1, 8, 1, "full"), P4D)
+    small = estimate_time(W, Candidate(1, 128, 1, 1, 1, 8, "full"), P4D)
+    assert small.sdp > big.sdp and small.total > big.total
+
+
+def test_pipelines_pay_the_simulated_bubble_and_tp_its_all_reduces():
+    simple = estimate_time(W, Candidate(1, 16, 1, 8, 1, 8, "full", schedule="simple"), P4D)
+    staged = simple.compute + simple.tp + simple.pp + simple.sdp
+    # (p - 1) / m = 7/8 of the stages' work; the loss head runs outside the pipeline
+    assert 0.8 * 7 / 8 * staged < simple.bubble < 7 / 8 * staged
+    virtual = estimate_time(W, Candidate(1, 16, 1, 8, 1, 8, "full", schedule="virtual",
+                                         virtual_chunks=5), P4D)
+    assert virtual.bubble < simple.bubble / 2 and virtual.pp > simple.pp   # more, smaller sends
+    assert estimate_time(W, Candidate(1, 64, 2, 1, 16, 1, "full"), P4D).tp > 0
+    assert estimate_time(W, Candidate(1, 128, 1, 1, 8, 1, "full"), P4D).tp == 0
+
+
+def test_data_parallel_replicas_pay_one_gradient_all_reduce_per_step():
+    assert estimate_time(W, Candidate(1, 128, 1, 1, 8, 1, "full"), P4D).dp == 0
+    assert estimate_time(W, Candidate(4, 32, 1, 1, 8, 1, "full"), P4D).dp > 0
+
+
+def test_a_candidate_must_use_the_whole_cluster():
+    with pytest.raises(ValueError, match="uses 64 devices; the cluster has 128"):
+        estimate_time(W, Candidate(1, 64, 1, 1, 16, 1, "full"), P4D)
+
+
+def test_before_issue_12_every_tp_rank_computes_the_whole_layer():
+    c = Candidate(1, 64, 2, 1, 16, 1, "full")
+    megatron = estimate_time(W, c, P4D, TARGET)
+    whole = estimate_time(W, c, P4D, BEFORE_ISSUE_12)
+    assert whole.compute > 1.8 * megatron.compute and whole.tp == 0

@@ -1,0 +1,78 @@
+"""Per-device shards and saved activations of a model, from abstract shapes."""
+import math
+
+import pytest
+
+import jaxsmp
+from jaxsmp.plan import Workload
+
+NEOX = jaxsmp.models.preset("gpt_neox", "tiny")   # d=128, 4 heads, MLP 512, 4 layers
+
+
+def test_sdp_shards_every_parameter_dp_replicates_and_pp_splits_only_the_layers():
+    w = Workload(NEOX, 64)
+    mesh = {"dp": 1, "pp": 1, "sdp": 8, "tp": 1}
+    one = w.shards({**mesh, "sdp": 1})
+    assert one.local == w.total_params == w.layer_params * w.layers + one.top_local
+    assert w.shards(mesh).local * 8 == w.total_params
+    assert w.shards({**mesh, "sdp": 4, "dp": 2}) == w.shards({**mesh, "sdp": 4})
+    staged = w.shards({**mesh, "sdp": 4, "pp": 2})
+    assert staged.stacked_local * 8 == one.stacked_local
+    assert staged.top_local * 4 == one.top_local
+
+
+def test_a_gathered_layer_is_one_layer_split_only_over_tp():
+    w = Workload(NEOX, 64)
+    assert w.shards({"dp": 1, "pp": 1, "sdp": 8, "tp": 1}).layer_gathered == w.layer_params
+    half = w.shards({"dp": 1, "pp": 1, "sdp": 4, "tp": 2}).layer_gathered
+    assert w.layer_params / 2 <= half < w.layer_params   # norms are not split over tp
+
+
+def test_the_untied_input_embedding_is_looked_up_not_gathered():
+    w = Workload(NEOX, 64)
+    top = w.shards({"dp": 1, "pp": 1, "sdp": 8, "tp": 1}).top_gathered
+    assert top == NEOX.hidden_size * NEOX.vocab_size + 2 * NEOX.hidden_size   # head + final norm
+
+
+def test_shards_that_do_not_divide_are_value_errors():
+    with pytest.raises(ValueError, match="not divisible"):
+        Workload(NEOX, 64).shards({"dp": 1, "pp": 3, "sdp": 1, "tp": 1})
+
+
+def test_saved_activations_follow_the_layer_and_the_remat_policy():
+    w, d, f = Workload(NEOX, 64), NEOX.hidden_size, NEOX.intermediate_size
+    none = w.activations("none", "fp32")
+    # two LayerNorms keep 4 d each and the merged attention output 1 d (replicated over
+    # tp); q, k, v and the attention output 4 d, the rotated slices of q and k twice each,
+    # exact GeLU 4 MLP-wide tensors; per-token norm and softmax statistics are the rest
+    rotated = 4 * NEOX.num_attention_heads * NEOX.rotary_dim
+    assert none.replicated == pytest.approx(4 * 9 * d, rel=0.01)
+    assert none.replicated + none.split == pytest.approx(4 * (13 * d + rotated + 4 * f),
+                                                         rel=0.01)
+    full = w.activations("full", "fp32")
+    assert full.replicated == 4 * d                      # the layer input only
+    matmuls = w.activations("save_matmuls", "fp32")
+    assert matmuls.split == pytest.approx(4 * (3 * d + f), rel=0.02)   # QKV and MLP-in
+    offload = w.activations("offload", "fp32")
+    assert offload.replicated == 4 * d and offload.host > 0
+    # bfloat16 halves them, but for float32 softmax statistics and rotary slices
+    assert w.activations("none", "bf16").split == pytest.approx(none.split / 2, rel=0.06)
+
+
+def test_tensor_parallelism_splits_head_and_mlp_activations_and_sequence_parallelism_the_rest():
+    a = Workload(NEOX, 64).activations("none", "bf16")
+    assert a.per_device(2) == pytest.approx(a.replicated + a.split / 2)
+    assert a.per_device(2, sequence_parallel=True) == pytest.approx(
+        (a.replicated + a.split) / 2)
+
+
+def test_every_family_is_traced_through_its_own_layer():
+    for family in ("bloom", "llama"):
+        w = Workload(jaxsmp.models.preset(family, "tiny"), 64)
+        assert w.activations("none", "bf16").split > w.activations("save_matmuls", "bf16").split
+        assert math.isclose(w.activations("full", "bf16").replicated, 2 * w.hidden)
+
+
+def test_unknown_remat_policies_are_rejected():
+    with pytest.raises(ValueError, match="unknown remat policy 'some'"):
+        Workload(NEOX, 64).activations("some", "bf16")
