@@ -85,8 +85,6 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
-    from jaxsmp.sharding.rules import batch_spec
-    from jaxsmp.train.batch import check_batch
     devices = list(jax.devices("cpu") if devices is None else devices)
     if len(devices) < candidate.world:
         raise ValueError(f"{candidate.label()} needs {candidate.world} devices; this process "
@@ -95,13 +93,9 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     mesh = jaxsmp.Mesh(dp=c.dp, sdp=c.sdp, tp=c.tp, pp=c.pp, devices=devices[:c.world],
                        collectives="xla")
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)  # as jaxsmp.init, abstract
-    tokens = jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32,
-                                  sharding=mesh.sharding(batch_spec(2)))
-    batch = {"tokens": tokens}
-    check_batch(batch, mesh, c.microbatches)
+    batch = {"tokens": jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32)}
     step = jaxsmp.step(causal_lm_loss, **c.step_options())
-    # TrainStep.lower places a concrete batch; its jitted step lowers abstract ones
-    stats = step._jitted(state).lower(state, batch).compile().memory_analysis()
+    stats = step.lower(state, batch).compile().memory_analysis()
     return CompiledMemory(stats.argument_size_in_bytes, stats.output_size_in_bytes,
                           stats.alias_size_in_bytes, stats.temp_size_in_bytes)
 
