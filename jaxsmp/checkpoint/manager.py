@@ -113,13 +113,18 @@ class CheckpointManager:
         latest = self.latest_step()
         if latest is None:
             if mode == "require":
-                self._step_or_latest(None)
+                self.require()
             return template
         if mode == "never":
             raise CheckpointExistsError(
                 f"{self.directory} already holds checkpoints (steps {self.all_steps()}); "
                 f"resume from them or use another directory")
         return self.restore(template, latest)
+
+    def require(self) -> int:
+        """The latest complete checkpoint's step; raises :class:`CheckpointNotFoundError`
+        (creating nothing) if there is none."""
+        return self._step_or_latest(None)
 
     def close(self) -> None:
         """Waits for pending writes and releases the manager's threads."""

@@ -86,6 +86,9 @@ def _check_resumed_data(run: Run, first: int) -> None:
 
 
 def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
+    if cfg.checkpoint_dir and cfg.resume == "require":  # fail before building anything
+        with CheckpointManager(cfg.checkpoint_dir) as probe:
+            probe.require()
     data = run_data(cfg)
     state, model_cfg = build(cfg, data.vocab_size)
     ckpt = checkpoints(cfg, model_cfg)

@@ -83,3 +83,6 @@ def check_config(cfg) -> None:
         _check_type(f.name, value, field_kinds(f))
         _check_value(f.name, value)
     _check_profile_steps(cfg)
+    if cfg.init_from_hf is None and cfg.preset not in FAMILIES[cfg.model]:
+        raise ConfigError(f"unknown {cfg.model} preset {cfg.preset!r}; valid: "
+                          f"{', '.join(FAMILIES[cfg.model])}")
