@@ -73,8 +73,9 @@ class TrainConfig:
                         "terminal")
     progress: bool = _f(True, "logging", "progress bar on a terminal, log lines otherwise")
     print_losses: bool = _f(False, "logging", "print every step's loss as JSON at the end")
-    profile_steps: str | None = _f(None, "logging", "START:STOP: trace steps START..STOP-1 "
-                                   "with jax.profiler into LOG_DIR/profile")
+    profile_steps: str | None = _f(None, "logging", "START:STOP: trace the steps numbered "
+                                   "START..STOP-1 (as logged, from 1) with jax.profiler into "
+                                   "LOG_DIR/profile")
     log_all_processes: bool = _f(False, "logging", "every process prints (default: process 0)")
 
     def __post_init__(self) -> None:
@@ -82,7 +83,7 @@ class TrainConfig:
 
     @property
     def profile_range(self) -> range | None:
-        """The steps to trace, from ``profile_steps`` ("5:8" -> steps 5, 6, 7)."""
+        """The step numbers to trace (from 1, as logged): "5:8" -> steps 5, 6, 7."""
         if self.profile_steps is None:
             return None
         start, stop = self.profile_steps.split(":")

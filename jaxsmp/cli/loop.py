@@ -134,12 +134,12 @@ def _train(run: Run, history: History, stack: ExitStack) -> None:
     batches = stack.enter_context(Prefetcher(run.data.train, run.state.mesh,
                                              range(history.start_step, cfg.steps), cfg.prefetch))
     for i, batch in batches:
-        profiler.before(i)
+        profiler.before(i + 1)
         start = time.perf_counter()
         run.state, metrics = train_step(run.state, batch)
         jax.block_until_ready(metrics["loss"])
         values = step_values(metrics, time.perf_counter() - start, rate)
-        profiler.after(i, run.state)
+        profiler.after(i + 1, run.state)
         history.losses.append(values["loss"])
         history.tokens_per_second.append(values["tokens_per_second"])
         run.reporter.step(i + 1, values)

@@ -18,13 +18,13 @@ class StepProfiler:
         self.active = False
 
     def before(self, step: int) -> None:
-        """Before training step ``step`` (0-based)."""
+        """Before training step ``step`` (numbered from 1, as logged)."""
         if self.steps is not None and not self.active and step in self.steps:
-            jax.profiler.start_trace(str(self.directory))
+            jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
             self.active = True
 
     def after(self, step: int, outputs) -> None:
-        """After step ``step``; ``outputs`` are waited for before a trace stops."""
+        """After step ``step``; ``outputs`` are waited for before the trace stops."""
         if self.active and step + 1 >= self.steps.stop:
             self.stop(outputs)
 

@@ -69,8 +69,8 @@ def _check_profile_steps(cfg) -> None:
     if text is None:
         return
     start, _, stop = text.partition(":")
-    if not (start.isdigit() and stop.isdigit() and int(start) < int(stop)):
-        raise ConfigError(f"profile_steps must be START:STOP with 0 <= START < STOP "
+    if not (start.isdigit() and stop.isdigit() and 1 <= int(start) < int(stop)):
+        raise ConfigError(f"profile_steps must be START:STOP with 1 <= START < STOP "
                           f"(e.g. 5:8), got {text!r}")
     if cfg.log_dir is None:
         raise ConfigError("profile_steps needs log_dir: the trace is written to LOG_DIR/profile")

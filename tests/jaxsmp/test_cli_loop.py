@@ -39,7 +39,7 @@ def tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
 
 def test_a_resumed_run_repeats_the_uninterrupted_runs_batches_and_losses(cfg, tmp_path):
     logs = tmp_path / "logs"
-    whole = run(dataclasses.replace(cfg, log_dir=str(logs), profile_steps="1:3"))
+    whole = run(dataclasses.replace(cfg, log_dir=str(logs), profile_steps="2:4"))
     ckpt = dict(checkpoint_dir=str(tmp_path / "ckpt"), save_every=3)
     first = run(dataclasses.replace(cfg, steps=3, **ckpt))
     second = run(dataclasses.replace(cfg, **ckpt))
@@ -59,7 +59,8 @@ def test_a_resumed_run_repeats_the_uninterrupted_runs_batches_and_losses(cfg, tm
     assert scalars["eval/loss"][-1] == (6, pytest.approx(whole.eval_losses[6]))
     assert TRAIN_KEYS <= {t.split("/")[1] for t in scalars}
     assert whole.plot == str(logs / "curves.png") and (logs / "curves.png").stat().st_size > 10_000
-    assert list((logs / "profile").rglob("*.xplane.pb"))  # steps 1 and 2 traced
+    assert list((logs / "profile").rglob("*.xplane.pb"))  # steps 2 and 3 traced
+    assert list((logs / "profile").rglob("perfetto_trace.json.gz"))
     for directory in (logs, tmp_path / "ckpt"):
         assert read_config_file(directory / "config.toml")["data"] == cfg.data
 

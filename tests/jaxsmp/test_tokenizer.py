@@ -50,3 +50,11 @@ def test_missing_or_unsupported_tokenizers_are_explained(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a Hugging Face tokenizer file"):
         load_tokenizer(tmp_path / "bad.json")
+
+
+def test_the_command_line_trains_a_tokenizer_the_trainer_loads(tmp_path, corpus_dir, capsys):
+    from jaxsmp.data.train_tokenizer import main
+    main(["--input", str(corpus_dir), "--vocab-size", "400", "--output", str(tmp_path / "t.json")])
+    files = len(list(corpus_dir.glob("*.txt")))
+    assert f"400 tokens from {files} files" in capsys.readouterr().out
+    assert load_tokenizer(tmp_path / "t.json").vocab_size == 400
