@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None, *, model: str) -> None:
     checkpoint problem and :data:`PREEMPTED_EXIT_CODE` after a stop signal."""
     try:
         cfg = parse_args(argv, model=model)
-    except ConfigError as err:
-        sys.exit(f"error: {err}")  # before any device or compilation
+    except ConfigError as err:  # before any device work or compilation
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if distributed.cluster_from_env() is not None:
         distributed.initialize()
     else:

@@ -118,38 +118,48 @@ def _header(run: Run, peak: float, peak_source: str) -> None:
         f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
 
 
-def _train(run: Run, history: History, stack: ExitStack) -> None:
-    cfg = run.cfg
+def _compiled_steps(cfg: TrainConfig):
     train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
                       precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
                       pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks)
-    evaluate = eval_step(losses.causal_lm_loss, precision=cfg.precision)
+    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision)
+
+
+def _record(run: Run, history: History, done: int, values: dict) -> None:
+    history.losses.append(values["loss"])
+    history.tokens_per_second.append(values["tokens_per_second"])
+    run.reporter.step(done, values)
+    if run.logger is not None:
+        run.logger.log(done, "train", values)
+
+
+def _train(run: Run, history: History, stack: ExitStack) -> None:
+    cfg = run.cfg
+    train_step, evaluate = _compiled_steps(cfg)
     peak, peak_source = peak_flops_per_device()
     _header(run, peak, peak_source)
-    rate = Throughput(cfg.batch_size * cfg.seq_len, train_flops_per_token(run.model_cfg, cfg.seq_len),
-                      len(jax.devices()), peak)
+    rate = Throughput(cfg.batch_size * cfg.seq_len,
+                      train_flops_per_token(run.model_cfg, cfg.seq_len), len(jax.devices()), peak)
     profiler = StepProfiler(cfg.profile_range, cfg.log_dir)
     stack.callback(profiler.stop)
     signals = stack.enter_context(StopSignals())
-    batches = stack.enter_context(Prefetcher(run.data.train, run.state.mesh,
-                                             range(history.start_step, cfg.steps), cfg.prefetch))
-    for i, batch in batches:
-        profiler.before(i + 1)
-        start = time.perf_counter()
+    batches = iter(stack.enter_context(Prefetcher(
+        run.data.train, run.state.mesh, range(history.start_step, cfg.steps), cfg.prefetch)))
+    for done in range(history.start_step + 1, cfg.steps + 1):
+        start = time.perf_counter()  # the step's time includes waiting for its batch
+        _, batch = next(batches)
+        waited = time.perf_counter() - start
+        profiler.before(done)
         run.state, metrics = train_step(run.state, batch)
         jax.block_until_ready(metrics["loss"])
         values = step_values(metrics, time.perf_counter() - start, rate)
-        profiler.after(i + 1, run.state)
-        history.losses.append(values["loss"])
-        history.tokens_per_second.append(values["tokens_per_second"])
-        run.reporter.step(i + 1, values)
-        if run.logger is not None:
-            run.logger.log(i + 1, "train", values)
-        if run.data.eval is not None and ((i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps):
-            run.evaluate(evaluate, i + 1, history)
+        profiler.after(done, run.state)
+        _record(run, history, done, {**values, "data_seconds": waited})
+        if run.data.eval is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            run.evaluate(evaluate, done, history)
         run.save()
-        if signals.requested(i + 1) and i + 1 < cfg.steps:
-            raise Preempted(i + 1, signals.received, run.save(force=True))
+        if signals.requested(done) and done < cfg.steps:
+            raise Preempted(done, signals.received, run.save(force=True))
 
 
 def run(cfg: TrainConfig) -> History:

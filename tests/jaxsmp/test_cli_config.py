@@ -48,8 +48,10 @@ def test_the_same_checks_apply_to_a_config_built_in_python():
 
 
 def test_the_entry_point_exits_with_the_error_before_starting_jax(capsys):
-    with pytest.raises(SystemExit, match="error: steps must be >= 1, got -1"):
+    with pytest.raises(SystemExit) as exit_:
         main(["--steps", "-1"], model="gpt_neox")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: steps must be >= 1, got -1\n"
 
 
 def test_a_flag_of_the_wrong_type_names_the_flag(capsys):

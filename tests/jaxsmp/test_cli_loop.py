@@ -13,7 +13,7 @@ from jaxsmp.cli.build import model_vocab
 from jaxsmp.cli.config_file import read_config_file
 
 TRAIN_KEYS = {"loss", "learning_rate", "grad_norm", "tokens_per_second", "tflops_per_device",
-              "mfu", "step_seconds"}
+              "mfu", "step_seconds", "data_seconds"}
 
 
 @pytest.fixture(scope="module")

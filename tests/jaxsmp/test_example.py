@@ -48,4 +48,4 @@ def test_a_bad_flag_fails_before_jax_starts():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_gpt_neox.py"), "--steps", "-1"],
         capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and proc.stderr.strip() == "error: steps must be >= 1, got -1"
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: steps must be >= 1, got -1"
