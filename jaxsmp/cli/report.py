@@ -51,7 +51,8 @@ class Reporter:
     def __init__(self, cfg: TrainConfig, first: int):
         self.cfg = cfg
         self.enabled = jax.process_index() == 0 or cfg.log_all_processes
-        self.prefix = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
+        several = jax.process_count() > 1 and cfg.log_all_processes
+        self.prefix = f"[process {jax.process_index()}] " if several else ""
         tty = sys.stdout.isatty()
         self.bar = None
         if self.enabled and cfg.progress and tty:

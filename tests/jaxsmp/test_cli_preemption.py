@@ -61,3 +61,29 @@ def test_sigint_is_caught_once_and_the_second_one_interrupts():
         else:
             raise AssertionError("a second SIGINT must interrupt")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_both_processes_after_the_same_step(tmp_path):
+    """Through JAX's preemption service: both processes save one checkpoint and exit
+    75; the same command resumes with the single-process run's losses."""
+    mesh = ["--dp=2", "--sdp=4"]
+    command = [sys.executable, "-m", "jaxsmp.launch", "--hosts", "2", "--devices-per-host", "4",
+               "--timeout", "600", *_command(tmp_path)[1:], *mesh]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[0] step 3/16 |"):
+            proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=600) == PREEMPTED_EXIT_CODE, "".join(lines[-30:])
+    stops = {line[:4]: line for line in lines if "stopped by SIGTERM" in line}
+    assert set(stops) == {"[0] ", "[1] "}
+    step = int(stops["[0] "].split("after step ")[1].split(" ")[0])
+    assert f"after step {step} " in stops["[1] "] and step < 16
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    losses = json.loads(resumed.stdout.split("losses: ")[1].splitlines()[0])
+    whole = run(TrainConfig(**SETTINGS, dp=2, sdp=4, progress=False))
+    assert losses == pytest.approx(whole.losses[step:], rel=1e-5)
