@@ -1,16 +1,12 @@
-"""Training-run configuration: one dataclass whose fields are the flags, the TOML keys
-(grouped in sections) and the saved resolved config.
-
-Precedence, lowest first: the field defaults, the example script's defaults (its
-model family), ``--config run.toml``, then flags given on the command line.
-"""
+"""Training-run configuration: one dataclass whose fields are the flags
+(:mod:`jaxsmp.cli.flags`), the TOML keys grouped in sections
+(:mod:`jaxsmp.cli.config_file`) and the saved resolved config."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from dataclasses import dataclass, field
 
-from jaxsmp.cli.validate import ConfigError, check_config, field_kinds
+from jaxsmp.cli.validate import ConfigError, check_config
 
 
 def _f(default, section: str, help: str | None = None):
@@ -98,45 +94,4 @@ def section_of(name: str) -> str:
     return FIELDS[name].metadata["section"]
 
 
-def _converter(name: str):
-    """argparse ``type=`` for a field: its scalar type; ``none`` for optional fields."""
-    kinds = field_kinds(FIELDS[name])
-    scalar = int if int in kinds else float if float in kinds else str
-
-    def convert(text: str):
-        if type(None) in kinds and text.lower() == "none":
-            return None
-        try:
-            return scalar(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--{name.replace('_', '-')} takes {scalar.__name__}"
-                + (" or none" if type(None) in kinds else "") + f", got {text!r}") from None
-    return convert
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Train a language model with jaxsmp.",
-                                     argument_default=argparse.SUPPRESS)
-    parser.add_argument("--config", help="TOML file with sections "
-                        + ", ".join(f"[{s}]" for s in SECTIONS) + "; flags override it")
-    for name, f in FIELDS.items():
-        flag = "--" + name.replace("_", "-")
-        if bool in field_kinds(f):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, type=_converter(name), help=f.metadata["help"])
-    return parser
-
-
-def parse_args(argv: list[str] | None = None, **defaults) -> TrainConfig:
-    """The run's config: ``defaults`` (the script's), then ``--config FILE``, then flags.
-    Raises :class:`ConfigError` naming a bad value, key or file."""
-    from jaxsmp.cli.config_file import read_config_file  # noqa: PLC0415 (it imports this module)
-    given = vars(_parser().parse_args(argv))
-    path = given.pop("config", None)
-    from_file = read_config_file(path) if path else {}
-    return TrainConfig(**{**defaults, **from_file, **given})
-
-
-__all__ = ["ConfigError", "FIELDS", "SECTIONS", "TrainConfig", "parse_args", "section_of"]
+__all__ = ["ConfigError", "FIELDS", "SECTIONS", "TrainConfig", "section_of"]

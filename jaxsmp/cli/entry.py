@@ -8,7 +8,8 @@ import jax
 
 from jaxsmp import distributed
 from jaxsmp.checkpoint import CheckpointError
-from jaxsmp.cli.config import ConfigError, parse_args
+from jaxsmp.cli.config import ConfigError
+from jaxsmp.cli.flags import parse_args
 from jaxsmp.cli.loop import run
 from jaxsmp.cli.preemption import PREEMPTED_EXIT_CODE, Preempted
 from jaxsmp.simulated_devices import simulate_cpu_devices
