@@ -20,8 +20,8 @@ SETTINGS = dict(steps=16, batch_size=8, seq_len=32, eval_every=0)
 def _command(tmp_path) -> list[str]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SETTINGS.items()]
     return [sys.executable, str(ROOT / "examples" / "train_gpt_neox.py"), *flags,
-            "--log-every=1", f"--checkpoint-dir={tmp_path / 'ckpt'}", f"--log-dir={tmp_path / 'logs'}",
-            "--print-losses"]
+            "--log-every=1", f"--checkpoint-dir={tmp_path / 'ckpt'}",
+            f"--log-dir={tmp_path / 'logs'}", "--print-losses"]
 
 
 @pytest.mark.slow
