@@ -6,16 +6,22 @@ Each process gets ``devices-per-host`` simulated CPU devices and the
 ``JAXSMP_*`` variables :func:`jaxsmp.distributed.initialize` reads. Output lines
 are prefixed with the process id. If any process fails, the others are stopped
 and the launcher exits with that process's code; ``--timeout`` bounds the run.
+SIGTERM or SIGINT to the launcher is passed on to every process as SIGTERM (a
+preemption notice: the trainer saves and exits with code 75), and processes that
+exit with code 75 are left to stop on their own.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+from jaxsmp.cli.preemption import PREEMPTED_EXIT_CODE
 
 
 def _free_port() -> int:
@@ -39,18 +45,28 @@ def _relay(process_id: int, stream, sink) -> None:
         sink.flush()
 
 
+def _forward_stop_signals(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM/SIGINT to the launcher -> SIGTERM to every process still running."""
+    def forward(signum, frame):
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, forward)
+
+
 def _wait(procs: list[subprocess.Popen], timeout: float) -> int:
     deadline = time.monotonic() + timeout
     while True:
         codes = [p.poll() for p in procs]
-        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0, PREEMPTED_EXIT_CODE)]
         if failed:
             i, code = failed[0]
             print(f"jaxsmp.launch: process {i} exited with code {code}; stopping the others",
                   file=sys.stderr)
             return code
-        if all(c == 0 for c in codes):
-            return 0
+        if None not in codes:  # all done: cleanly, or saved and stopped on a signal
+            return PREEMPTED_EXIT_CODE if PREEMPTED_EXIT_CODE in codes else 0
         if time.monotonic() > deadline:
             print(f"jaxsmp.launch: processes still running after {timeout:.0f} s; stopping them",
                   file=sys.stderr)
@@ -71,6 +87,7 @@ def launch(command: list[str], hosts: int, devices_per_host: int, timeout: float
               for i, p in enumerate(procs)]
     for t in relays:
         t.start()
+    _forward_stop_signals(procs)
     try:
         return _wait(procs, timeout)
     finally:

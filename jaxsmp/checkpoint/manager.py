@@ -44,11 +44,22 @@ class CheckpointManager:
         if keep is not None and keep < 1:
             raise ValueError(f"keep must be a positive integer or None, got {keep}")
         self.directory, self.save_every, self.model = os.fspath(directory), save_every, model
-        self._store = open_store(directory, keep=keep, async_save=async_save)
+        self._options = {"keep": keep, "async_save": async_save}
+        self._opened = None  # the orbax store, opened when first needed
         self._current: set[int] = set()  # steps saved or restored by this manager
+
+    @property
+    def _store(self):
+        """The on-disk store; opening it creates the directory, so a manager that
+        only looks for checkpoints in a missing directory creates nothing."""
+        if self._opened is None:
+            self._opened = open_store(self.directory, **self._options)
+        return self._opened
 
     def all_steps(self) -> list[int]:
         """Steps of complete checkpoints, oldest first."""
+        if self._opened is None and not os.path.isdir(self.directory):
+            return []
         return sorted(self._store.all_steps())
 
     def latest_step(self) -> int | None:
@@ -77,7 +88,8 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Blocks until the background write (if any) is complete and visible."""
-        self._store.wait_until_finished()
+        if self._opened is not None:
+            self._opened.wait_until_finished()
 
     def metadata(self, step: int | None = None) -> dict:
         """The JSON metadata saved with ``step`` (default: the latest)."""
@@ -101,7 +113,7 @@ class CheckpointManager:
         latest = self.latest_step()
         if latest is None:
             if mode == "require":
-                self._step_or_latest(None)
+                self.require()
             return template
         if mode == "never":
             raise CheckpointExistsError(
@@ -109,10 +121,17 @@ class CheckpointManager:
                 f"resume from them or use another directory")
         return self.restore(template, latest)
 
+    def require(self) -> int:
+        """The latest complete checkpoint's step; raises :class:`CheckpointNotFoundError`
+        (creating nothing) if there is none."""
+        return self._step_or_latest(None)
+
     def close(self) -> None:
         """Waits for pending writes and releases the manager's threads."""
-        self._store.wait_until_finished()
-        self._store.close()
+        if self._opened is not None:
+            self._opened.wait_until_finished()
+            self._opened.close()
+            self._opened = None
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -124,6 +143,10 @@ class CheckpointManager:
         if step is not None:
             return step
         latest = self.latest_step()
+        if latest is None and not os.path.isdir(self.directory):
+            raise CheckpointNotFoundError(
+                f"no checkpoint to resume: directory {os.path.abspath(self.directory)} "
+                f"does not exist")
         if latest is None:
             raise CheckpointNotFoundError(
                 f"no complete checkpoint in {os.path.abspath(self.directory)} (expected step "

@@ -1,83 +1,97 @@
-"""Training-run configuration as a dataclass, and the command-line flags that fill it."""
+"""Training-run configuration: one dataclass whose fields are the flags
+(:mod:`jaxsmp.cli.flags`), the TOML keys grouped in sections
+(:mod:`jaxsmp.cli.config_file`) and the saved resolved config."""
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from jaxsmp.cli.validate import ConfigError, check_config
+
+
+def _f(default, section: str, help: str | None = None):
+    return field(default=default, metadata={"section": section, "help": help})
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "gpt_neox"
-    preset: str = "tiny"
-    dp: int = 1
-    sdp: int | None = None
-    tp: int = 1
-    pp: int = 1
-    simulate_devices: int = 8
-    collectives: str = "auto"
-    batch_size: int = 16
-    seq_len: int = 128
-    microbatches: int = 1
-    pipeline: str = "simple"
-    virtual_chunks: int = 2
-    steps: int = 200
-    lr: float = 3e-3
-    warmup: int = 20
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-    precision: str = "fp32"
-    remat: str = "none"
-    attention: str = "auto"
-    data: str | None = None
-    eval_every: int = 50
-    eval_batches: int = 2
-    seed: int = 0
-    progress: bool = True
-    print_losses: bool = False
-    checkpoint_dir: str | None = None
-    save_every: int = 0
-    keep: int = 3
-    resume: str = "auto"
-    async_checkpoint: bool = True
-    init_from_hf: str | None = None
+    model: str = _f("gpt_neox", "model", "model family: gpt_neox, bloom, llama")
+    preset: str = _f("tiny", "model", "model size preset, e.g. tiny, 125m, 1.3b, 20b")
+    vocab_size: int | None = _f(None, "model", "model vocabulary (default: the preset's, "
+                                "or the tokenizer's rounded up to a multiple of 128 if larger)")
+    attention: str = _f("auto", "model", "attention implementation: auto, blockwise, pallas, "
+                        "reference")
+    init_from_hf: str | None = _f(None, "model", "fine-tune from a local Hugging Face "
+                                  "checkpoint directory (config.json + safetensors; its "
+                                  "tokenizer too unless --tokenizer is given)")
+    dp: int = _f(1, "mesh", "data-parallel (replicated) degree")
+    sdp: int | None = _f(None, "mesh", "sharded-data-parallel degree (default: the devices "
+                         "left over)")
+    tp: int = _f(1, "mesh", "tensor-parallel degree")
+    pp: int = _f(1, "mesh", "pipeline-parallel degree")
+    simulate_devices: int = _f(8, "mesh", "number of simulated CPU devices (ignored on GPU/TPU)")
+    collectives: str = _f("auto", "mesh", "algorithm for the sdp parameter gather / gradient "
+                          "reduce-scatter")
+    steps: int = _f(200, "step", "number of training steps (the total, also when resuming)")
+    batch_size: int = _f(16, "step", "global batch size in sequences")
+    seq_len: int = _f(128, "step", "sequence length in tokens")
+    microbatches: int = _f(1, "step", "gradient-accumulation steps per global batch (pipeline "
+                           "microbatches when pp > 1)")
+    pipeline: str = _f("simple", "step", "pipeline schedule when pp > 1: simple (GPipe), "
+                       "interleaved (1F1B), virtual")
+    virtual_chunks: int = _f(2, "step", "layer chunks per pipeline stage for --pipeline virtual")
+    precision: str = _f("fp32", "step", "fp32, bf16 or fp16 (dynamic loss scaling)")
+    remat: str = _f("none", "step", "activation checkpointing: none, full, save_matmuls, offload")
+    lr: float = _f(3e-3, "step", "peak learning rate (linear warm-up, cosine decay to 10%%)")
+    warmup: int = _f(20, "step", "warm-up steps")
+    weight_decay: float = _f(0.1, "step", "AdamW weight decay")
+    clip_norm: float | None = _f(1.0, "step", "global gradient-norm clipping threshold "
+                                 "(none: no clipping)")
+    seed: int = _f(0, "step", "seed of the initial parameters and the data order")
+    data: str | None = _f(None, "data", "a dataset prepared by jaxsmp.data.prepare, a text file "
+                          "or a directory of *.txt (default: Python's bundled docs)")
+    tokenizer: str | None = _f(None, "data", "tokenizer.json, an HF checkpoint directory, or "
+                               "'bytes' (default: --init-from-hf's tokenizer, else bytes)")
+    eval_every: int = _f(50, "data", "evaluate every N steps and at the end (0: never)")
+    eval_batches: int = _f(2, "data", "held-out batches per evaluation")
+    prefetch: int = _f(2, "data", "batches prepared ahead on a background thread (0: inline)")
+    checkpoint_dir: str | None = _f(None, "checkpoint", "directory for checkpoints (default: "
+                                    "no checkpoints)")
+    save_every: int = _f(0, "checkpoint", "checkpoint every N steps (0: only at the end)")
+    keep: int = _f(3, "checkpoint", "how many of the latest checkpoints to keep")
+    resume: str = _f("auto", "checkpoint", "auto (latest checkpoint if any), require (error if "
+                     "none), never")
+    async_checkpoint: bool = _f(True, "checkpoint", "write checkpoints in the background while "
+                                "training continues")
+    log_dir: str | None = _f(None, "logging", "write metrics (JSON lines, TensorBoard), the "
+                             "resolved config and profiles here")
+    log_every: int = _f(10, "logging", "one plain log line every N steps when stdout is not a "
+                        "terminal")
+    progress: bool = _f(True, "logging", "progress bar on a terminal, log lines otherwise")
+    print_losses: bool = _f(False, "logging", "print every step's loss as JSON at the end")
+    profile_steps: str | None = _f(None, "logging", "START:STOP: trace the steps numbered "
+                                   "START..STOP-1 (as logged, from 1) with jax.profiler into "
+                                   "LOG_DIR/profile")
+    log_all_processes: bool = _f(False, "logging", "every process prints (default: process 0)")
+
+    def __post_init__(self) -> None:
+        check_config(self)
+
+    @property
+    def profile_range(self) -> range | None:
+        """The step numbers to trace (from 1, as logged): "5:8" -> steps 5, 6, 7."""
+        if self.profile_steps is None:
+            return None
+        start, stop = self.profile_steps.split(":")
+        return range(int(start), int(stop))
 
 
-_HELP = {
-    "model": "model family: gpt_neox, bloom, llama",
-    "preset": "model size preset, e.g. tiny, 125m, 1.3b, 20b",
-    "sdp": "sharded-data-parallel degree (default: the devices left over)",
-    "simulate_devices": "number of simulated CPU devices (ignored on GPU/TPU)",
-    "collectives": "algorithm for the sdp parameter gather / gradient reduce-scatter",
-    "batch_size": "global batch size in sequences",
-    "pipeline": "pipeline schedule when pp > 1: simple (GPipe), interleaved (1F1B), virtual",
-    "virtual_chunks": "layer chunks per pipeline stage for --pipeline virtual",
-    "microbatches": "gradient-accumulation steps per global batch (pipeline microbatches when pp > 1)",
-    "precision": "fp32, bf16 or fp16 (dynamic loss scaling)",
-    "remat": "activation checkpointing: none, full, save_matmuls, offload",
-    "attention": "attention implementation: auto, blockwise, pallas, reference",
-    "print_losses": "print every step's loss as JSON at the end (process 0)",
-    "data": "text file or directory of *.txt (default: Python's bundled docs)",
-    "checkpoint_dir": "directory for checkpoints (default: no checkpoints)",
-    "save_every": "checkpoint every N steps (0: only at the end)",
-    "keep": "how many of the latest checkpoints to keep",
-    "resume": "auto (latest checkpoint if any), require (error if none), never",
-    "async_checkpoint": "write checkpoints in the background while training continues",
-    "init_from_hf": "fine-tune from a local Hugging Face checkpoint directory "
-                    "(config.json + safetensors) of the --model family",
-}
+SECTIONS = ("model", "mesh", "step", "data", "checkpoint", "logging")
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
-def parse_args(argv: list[str] | None = None, **defaults) -> TrainConfig:
-    """Flags for every TrainConfig field (``--batch-size 32``); ``defaults`` override."""
-    base = dataclasses.replace(TrainConfig(), **defaults)
-    parser = argparse.ArgumentParser(description="Train a language model with jaxsmp.")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(base, f.name)
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
-            continue
-        kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str)
-        parser.add_argument(flag, type=kind, default=value, help=_HELP.get(f.name))
-    return TrainConfig(**vars(parser.parse_args(argv)))
+def section_of(name: str) -> str:
+    return FIELDS[name].metadata["section"]
+
+
+__all__ = ["ConfigError", "FIELDS", "SECTIONS", "TrainConfig", "section_of"]

@@ -2,26 +2,49 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import jax
 
 from jaxsmp import distributed
-from jaxsmp.simulated_devices import simulate_cpu_devices
-from jaxsmp.cli.config import parse_args
+from jaxsmp.checkpoint import CheckpointError
+from jaxsmp.cli.config import ConfigError
+from jaxsmp.cli.flags import parse_args
 from jaxsmp.cli.loop import run
+from jaxsmp.cli.preemption import PREEMPTED_EXIT_CODE, Preempted
+from jaxsmp.simulated_devices import simulate_cpu_devices
 
 
 def main(argv: list[str] | None = None, *, model: str) -> None:
-    """Parses flags, joins the cluster described by the environment (or simulates
-    ``--simulate-devices`` CPU devices for a single process), trains, and prints the
-    losses (process 0)."""
-    cfg = parse_args(argv, model=model)
+    """Parses flags (and ``--config``), joins the cluster described by the environment
+    (or simulates ``--simulate-devices`` CPU devices for a single process), trains,
+    and prints the losses (process 0). Exits with status 2 on a bad setting, 1 on a
+    checkpoint problem and :data:`PREEMPTED_EXIT_CODE` after a stop signal."""
+    try:
+        cfg = parse_args(argv, model=model)
+    except ConfigError as err:  # before any device work or compilation
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     if distributed.cluster_from_env() is not None:
         distributed.initialize()
     else:
         simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
-    history = run(cfg)
-    if jax.process_index() == 0:
-        print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")
-        if cfg.print_losses:
-            print("losses: " + json.dumps(history.losses))
+    try:
+        history = run(cfg)
+    except CheckpointError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except Preempted as stop:
+        print(f"{stop}; run the same command again to resume", flush=True)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    if jax.process_index() != 0:
+        return
+    if not history.losses:
+        print(f"nothing to train: the checkpoint is at step {history.start_step} and "
+              f"--steps is {cfg.steps}")
+        return
+    print(f"loss: first {history.losses[0]:.3f} -> last {history.losses[-1]:.3f}")
+    if history.plot:
+        print(f"metrics in {cfg.log_dir}; loss curves plotted to {history.plot}")
+    if cfg.print_losses:
+        print("losses: " + json.dumps(history.losses))

@@ -1,25 +1,31 @@
-"""Train a preset on text with a progress bar (loss, tokens/s, TFLOP/s per device, MFU)."""
+"""The training loop the examples share: batches prefetched onto the devices, the
+compiled step, evaluation, metrics, checkpoints, profiling and a clean stop on
+preemption."""
 from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import jax
 import numpy as np
-import optax
-from tqdm import tqdm
 
-from jaxsmp import hf, losses
+from jaxsmp import losses
 from jaxsmp.checkpoint import CheckpointManager, describe_model
-from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
-from jaxsmp.mesh import Mesh
-from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
-from jaxsmp.models import preset
-from jaxsmp.train.batch import to_host
-from jaxsmp.train.state import TrainState, init
-from jaxsmp.train.step import eval_step, step
+from jaxsmp.cli.batches import RunData, run_data
+from jaxsmp.cli.build import build
 from jaxsmp.cli.config import TrainConfig
+from jaxsmp.cli.config_file import save_config
+from jaxsmp.cli.preemption import Preempted, StopSignals
+from jaxsmp.cli.profile import StepProfiler
+from jaxsmp.cli.report import Reporter, Throughput, step_values
+from jaxsmp.data.loader import Prefetcher, device_batch
+from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
+from jaxsmp.metrics.logger import MetricsLogger
+from jaxsmp.train.batch import to_host
+from jaxsmp.train.state import TrainState
+from jaxsmp.train.step import eval_step, step
 
 
 @dataclass
@@ -28,36 +34,7 @@ class History:
     eval_losses: dict[int, float] = field(default_factory=dict)
     tokens_per_second: list[float] = field(default_factory=list)
     start_step: int = 0  # > 0 when resumed from a checkpoint; losses[k] is step start_step+k
-
-
-def adamw(cfg: TrainConfig) -> optax.GradientTransformation:
-    """AdamW with linear warm-up and cosine decay; the learning rate is reported."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, cfg.lr, max(cfg.warmup, 1), max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.1)
-    return optax.inject_hyperparams(optax.adamw)(
-        learning_rate=schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
-
-
-def build(cfg: TrainConfig) -> tuple[TrainState, object]:
-    mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, collectives=cfg.collectives)
-    if cfg.init_from_hf:
-        return from_hf(cfg, mesh)
-    model_cfg = preset(cfg.model, cfg.preset, attention_impl=cfg.attention)
-    return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
-
-
-def from_hf(cfg: TrainConfig, mesh: Mesh) -> tuple[TrainState, object]:
-    """State and model config from the HF checkpoint ``cfg.init_from_hf``."""
-    family, _ = hf.load_config(cfg.init_from_hf)
-    if family != cfg.model:
-        raise ValueError(f"{cfg.init_from_hf} holds a {family} checkpoint but --model is "
-                         f"{cfg.model}; pass --model {family}")
-    state, model_cfg = hf.init_from_hf(cfg.init_from_hf, adamw(cfg), mesh,
-                                       attention_impl=cfg.attention)
-    if model_cfg.vocab_size < ByteTokenizer.vocab_size:
-        raise ValueError(f"the byte-level trainer needs vocab_size >= "
-                         f"{ByteTokenizer.vocab_size}; the checkpoint has {model_cfg.vocab_size}")
-    return state, model_cfg
+    plot: str | None = None  # the PNG of the loss curves, when a log dir was given
 
 
 def checkpoints(cfg: TrainConfig, model_cfg) -> CheckpointManager | None:
@@ -69,54 +46,135 @@ def checkpoints(cfg: TrainConfig, model_cfg) -> CheckpointManager | None:
                              model=describe_model(model_cfg, family=cfg.model, preset=cfg.preset))
 
 
-def _postfix(metrics: dict, seconds: float, tokens: int, flops_per_token: float,
-             devices: int, peak: float) -> dict:
-    tps = tokens / seconds
-    tflops = tps * flops_per_token / devices / 1e12
-    return {"loss": f"{float(to_host(metrics['loss'])):.3f}", "tok/s": f"{tps:,.0f}",
-            "TFLOP/s/dev": f"{tflops:.3g}", "MFU": f"{100 * tflops * 1e12 / peak:.1f}%"}
+@dataclass
+class Run:
+    """Everything one run's steps use, built before the first step."""
+    cfg: TrainConfig
+    data: RunData
+    state: TrainState
+    model_cfg: object
+    ckpt: CheckpointManager | None
+    reporter: Reporter
+    logger: MetricsLogger | None
+    extra: dict  # saved with each checkpoint
+
+    def evaluate(self, evaluate_step, done: int, history: History) -> None:
+        losses_ = [float(to_host(evaluate_step(self.state, device_batch(
+            self.data.eval, j, self.state.mesh))["loss"])) for j in range(self.cfg.eval_batches)]
+        loss = float(np.mean(losses_))
+        history.eval_losses[done] = loss
+        self.reporter.print(f"step {done}: train loss {history.losses[-1]:.3f}, "
+                            f"eval loss {loss:.3f}")
+        if self.logger is not None:
+            self.logger.log(done, "eval", {"loss": loss})
+
+    def save(self, force: bool = False) -> bool:
+        return self.ckpt is not None and self.ckpt.save(self.state, force=force, extra=self.extra)
 
 
-def run(cfg: TrainConfig) -> History:
-    """Trains for ``cfg.steps`` steps; returns the loss history."""
-    state, model_cfg = build(cfg)
+def _check_resumed_data(run: Run, first: int) -> None:
+    """Says so when a resumed run's batches differ from the checkpointed run's."""
+    if run.ckpt is None or first == 0:
+        return
+    saved = run.ckpt.metadata().get("extra", {}).get("data")
+    if saved is not None and saved != run.data.identity:
+        changed = sorted(k for k in {**saved, **run.data.identity}
+                         if saved.get(k) != run.data.identity.get(k))
+        run.reporter.print(f"warning: resuming at step {first} with other data settings "
+                           f"({', '.join(changed)}): the batches will not continue the "
+                           f"checkpointed run's order")
+
+
+def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
+    if cfg.checkpoint_dir and cfg.resume == "require":  # fail before building anything
+        with CheckpointManager(cfg.checkpoint_dir) as probe:
+            probe.require()
+    data = run_data(cfg)
+    state, model_cfg = build(cfg, data.vocab_size)
     ckpt = checkpoints(cfg, model_cfg)
     if ckpt is not None:
+        stack.callback(ckpt.close)
         state = ckpt.resume(state, cfg.resume)
     first = int(to_host(state.step))
-    extra = {"train_config": dataclasses.asdict(cfg)}
-    tokenizer = ByteTokenizer()
-    data = TokenBatches(tokenizer.encode(load_corpus(cfg.data)), cfg.batch_size, cfg.seq_len,
-                        cfg.seed)
-    train_data, eval_data = data.split()
+    logger = None
+    if cfg.log_dir and jax.process_index() == 0:
+        logger = stack.enter_context(MetricsLogger(cfg.log_dir))
+        save_config(cfg, cfg.log_dir)
+    if cfg.checkpoint_dir and jax.process_index() == 0:
+        save_config(cfg, cfg.checkpoint_dir)
+    reporter = Reporter(cfg, first)
+    stack.callback(reporter.close)
+    extra = {"train_config": dataclasses.asdict(cfg), "data": data.identity}
+    run = Run(cfg, data, state, model_cfg, ckpt, reporter, logger, extra)
+    _check_resumed_data(run, first)
+    return run
+
+
+def _header(run: Run, peak: float, peak_source: str) -> None:
+    cfg = run.cfg
+    run.reporter.print(
+        f"mesh {run.state.mesh.shape} | {cfg.model} {cfg.init_from_hf or cfg.preset} "
+        f"(vocab {run.model_cfg.vocab_size}) | data {run.data.description} | "
+        f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
+
+
+def _compiled_steps(cfg: TrainConfig):
     train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
                       precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
                       pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks)
-    evaluate = eval_step(losses.causal_lm_loss, precision=cfg.precision)
-    flops_per_token = train_flops_per_token(model_cfg, cfg.seq_len)
+    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision)
+
+
+def _record(run: Run, history: History, done: int, values: dict) -> None:
+    history.losses.append(values["loss"])
+    history.tokens_per_second.append(values["tokens_per_second"])
+    run.reporter.step(done, values)
+    if run.logger is not None:
+        run.logger.log(done, "train", values)
+
+
+def _train(run: Run, history: History, stack: ExitStack) -> None:
+    cfg = run.cfg
+    train_step, evaluate = _compiled_steps(cfg)
     peak, peak_source = peak_flops_per_device()
-    tqdm.write(f"mesh {state.mesh.shape} | {cfg.model} {cfg.init_from_hf or cfg.preset} | "
-               f"peak {peak / 1e12:.3g} TFLOP/s/device ({peak_source})")
-    history = History(start_step=first)
-    bar = tqdm(range(first, cfg.steps), initial=first, total=cfg.steps,
-               disable=not cfg.progress, dynamic_ncols=True)
-    for i in bar:
-        start = time.perf_counter()
-        state, metrics = train_step(state, train_data.batch(i))
-        loss = float(to_host(metrics["loss"]))  # waits for the step
-        seconds = time.perf_counter() - start
-        history.losses.append(loss)
-        history.tokens_per_second.append(cfg.batch_size * cfg.seq_len / seconds)
-        bar.set_postfix(_postfix(metrics, seconds, cfg.batch_size * cfg.seq_len,
-                                 flops_per_token, len(jax.devices()), peak))
-        if cfg.eval_every and ((i + 1) % cfg.eval_every == 0 or i + 1 == cfg.steps):
-            ev = np.mean([float(to_host(evaluate(state, eval_data.batch(j))["loss"]))
-                          for j in range(cfg.eval_batches)])
-            history.eval_losses[i + 1] = float(ev)
-            tqdm.write(f"step {i + 1}: train loss {loss:.3f}, eval loss {ev:.3f}")
-        if ckpt is not None:
-            ckpt.save(state, extra=extra)
-    if ckpt is not None:
-        ckpt.save(state, force=True, extra=extra)
-        ckpt.close()
+    _header(run, peak, peak_source)
+    rate = Throughput(cfg.batch_size * cfg.seq_len,
+                      train_flops_per_token(run.model_cfg, cfg.seq_len), len(jax.devices()), peak)
+    profiler = StepProfiler(cfg.profile_range, cfg.log_dir)
+    stack.callback(profiler.stop)
+    signals = stack.enter_context(StopSignals())
+    batches = iter(stack.enter_context(Prefetcher(
+        run.data.train, run.state.mesh, range(history.start_step, cfg.steps), cfg.prefetch)))
+    for done in range(history.start_step + 1, cfg.steps + 1):
+        start = time.perf_counter()  # the step's time includes waiting for its batch
+        _, batch = next(batches)
+        waited = time.perf_counter() - start
+        profiler.before(done)
+        run.state, metrics = train_step(run.state, batch)
+        jax.block_until_ready(metrics["loss"])
+        values = step_values(metrics, time.perf_counter() - start, rate)
+        profiler.after(done, run.state)
+        _record(run, history, done, {**values, "data_seconds": waited})
+        if run.data.eval is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
+            run.evaluate(evaluate, done, history)
+        run.save()
+        if signals.requested(done) and done < cfg.steps:
+            raise Preempted(done, signals.received, run.save(force=True))
+
+
+def run(cfg: TrainConfig) -> History:
+    """Trains for ``cfg.steps`` steps (in all, counting a resumed checkpoint's);
+    returns the loss history. Raises :class:`Preempted` after a stop signal."""
+    with ExitStack() as stack:
+        run_ = _start(cfg, stack)
+        history = History(start_step=int(to_host(run_.state.step)))
+        _train(run_, history, stack)
+        run_.save(force=True)
+    if cfg.log_dir and jax.process_index() == 0:
+        history.plot = _plot(cfg.log_dir)
     return history
+
+
+def _plot(log_dir: str) -> str:
+    from jaxsmp.plot import plot_run  # noqa: PLC0415 (matplotlib is slow to import)
+    return str(plot_run(log_dir))

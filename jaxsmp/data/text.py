@@ -1,4 +1,4 @@
-"""Offline text corpora, byte-level tokenisation and step-indexed random batches.
+"""Offline text corpora and step-indexed random batches of an in-memory token array.
 
 The default corpus is the Python reference documentation that every CPython
 install ships (``pydoc_data.topics``, ~460 KB of English prose and code), so the
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -33,17 +34,6 @@ def load_corpus(path: str | None) -> str:
     return p.read_text(encoding="utf-8", errors="replace")
 
 
-class ByteTokenizer:
-    """UTF-8 bytes as token ids 0..255."""
-    vocab_size = 256
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
-
-    def decode(self, ids) -> str:
-        return bytes(np.asarray(ids, dtype=np.uint8).tolist()).decode("utf-8", errors="replace")
-
-
 @dataclass
 class TokenBatches:
     """Random windows of ``seq_len`` tokens; batch ``i`` depends only on (seed, i),
@@ -58,11 +48,15 @@ class TokenBatches:
             raise ValueError(f"corpus of {len(self.tokens)} tokens is shorter than "
                              f"seq_len={self.seq_len}")
 
-    def batch(self, index: int) -> dict[str, np.ndarray]:
+    def rows(self, index: int, positions: Sequence[int]) -> np.ndarray:
+        """``int32[len(positions), seq_len]``: rows ``positions`` of batch ``index``."""
         rng = np.random.default_rng((self.seed, index))
-        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)
-        rows = np.stack([self.tokens[s:s + self.seq_len] for s in starts])
-        return {"tokens": rows}
+        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)[list(positions)]
+        return np.stack([self.tokens[s:s + self.seq_len] for s in starts]).astype(np.int32)
+
+    def batch(self, index: int) -> dict[str, np.ndarray]:
+        """The whole global batch ``index``."""
+        return {"tokens": self.rows(index, range(self.batch_size))}
 
     def split(self, eval_fraction: float = 0.1) -> tuple["TokenBatches", "TokenBatches"]:
         """Train and held-out batches from disjoint parts of the corpus."""

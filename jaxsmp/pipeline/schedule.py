@@ -54,13 +54,10 @@ class Schedule:
         return "\n".join(lines)
 
     def draw(self, path: str) -> None:
-        """Saves the timeline as a PNG (needs matplotlib)."""
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:  # optional dependency
-            raise ImportError("Schedule.draw needs matplotlib: pip install jaxsmp[plot]") from e
+        """Saves the timeline as a PNG."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(max(6, self.ticks * 0.35), 1 + 0.5 * self.stages))
         cmap = plt.get_cmap("tab10")
         for s, row in enumerate(self.table):

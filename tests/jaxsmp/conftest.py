@@ -74,3 +74,33 @@ def assert_causal(logits_fn, vocab: int = 256) -> tuple[np.ndarray, np.ndarray]:
     np.testing.assert_array_equal(a[:, :10], b[:, :10])
     assert np.abs(a[:, 10:] - b[:, 10:]).max() > 1e-3
     return tokens, a
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    """The bundled Python docs as a directory of text files, one topic each."""
+    from pydoc_data.topics import topics
+    directory = tmp_path_factory.mktemp("corpus")
+    for i, name in enumerate(sorted(topics)):
+        (directory / f"{i:03d}_{name}.txt").write_text(topics[name], encoding="utf-8")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer_file(tmp_path_factory):
+    """tokenizer.json of a 512-token byte-level BPE trained on the bundled docs."""
+    from jaxsmp.data import default_corpus, train_bpe
+    path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    train_bpe([default_corpus()], 512).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(tmp_path_factory, corpus_dir, bpe_tokenizer_file):
+    """The docs tokenized with the BPE tokenizer into shards of 50,000 tokens."""
+    from jaxsmp.data import load_tokenizer
+    from jaxsmp.data.prepare import input_files, prepare
+    out = tmp_path_factory.mktemp("prepared")
+    prepare(load_tokenizer(bpe_tokenizer_file), input_files([str(corpus_dir)]), out,
+            val_fraction=0.05, shard_tokens=50_000)
+    return out

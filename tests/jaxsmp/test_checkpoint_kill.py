@@ -38,7 +38,7 @@ def test_killed_save_keeps_previous_checkpoint_and_run_resumes(tmp_path):
     assert resumed.start_step == 2
     uninterrupted = run(CFG)
     assert resumed.losses == uninterrupted.losses[2:]  # bitwise, same mesh
-    assert sorted(p.name for p in directory.iterdir()) == ["2", "4", "6"]
+    assert sorted(p.name for p in directory.iterdir()) == ["2", "4", "6", "config.toml"]
 
 
 def test_resume_required_without_checkpoint(tmp_path):

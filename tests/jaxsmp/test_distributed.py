@@ -40,9 +40,11 @@ def _losses(output: str) -> list[float]:
     return json.loads(line.split("losses: ")[1])
 
 
-def test_two_processes_match_one_process_with_hybrid_sharding():
+def test_two_processes_match_one_process_with_hybrid_sharding(prepared_dir):
+    """Each process reads only its rows of the memory-mapped dataset."""
     args = ["--dp", "2", "--sdp", "4", "--steps", "4", "--eval-every", "0", "--no-progress",
-            "--print-losses", "--seq-len", "32", "--batch-size", "16"]
+            "--print-losses", "--seq-len", "32", "--batch-size", "16", "--log-all-processes",
+            "--data", str(prepared_dir)]
     script = str(ROOT / "examples" / "train_gpt_neox.py")
     single = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                             timeout=600, check=True).stdout

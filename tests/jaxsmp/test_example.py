@@ -29,5 +29,23 @@ def test_example_script_runs():
 
 
 def test_unknown_preset_flag():
-    with pytest.raises(ValueError, match="unknown gpt_neox preset 'nope'"):
+    with pytest.raises(ValueError, match="unknown gpt_neox preset 'nope'; valid: tiny"):
         run(parse_args(["--preset", "nope", "--steps", "1"]))
+
+
+def test_requiring_a_missing_checkpoint_prints_one_error_and_creates_nothing(tmp_path):
+    missing = tmp_path / "runs" / "neox"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_gpt_neox.py"), "--resume", "require",
+         "--checkpoint-dir", str(missing)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"error: no checkpoint to resume: directory {missing} "
+                                   f"does not exist")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_flag_fails_before_jax_starts():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_gpt_neox.py"), "--steps", "-1"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: steps must be >= 1, got -1"

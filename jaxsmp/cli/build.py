@@ -1,0 +1,60 @@
+"""The run's optimizer, mesh, model and initial state from its config."""
+from __future__ import annotations
+
+import optax
+
+from jaxsmp import hf
+from jaxsmp.cli.config import TrainConfig
+from jaxsmp.mesh import Mesh
+from jaxsmp.models import preset
+from jaxsmp.train.state import TrainState, init
+
+VOCAB_MULTIPLE = 128  # a vocabulary grown to fit a tokenizer is padded to this multiple
+
+
+def adamw(cfg: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with linear warm-up and cosine decay; the learning rate is reported."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.lr, max(cfg.warmup, 1), max(cfg.steps, cfg.warmup + 1), cfg.lr * 0.1)
+    return optax.inject_hyperparams(optax.adamw)(
+        learning_rate=schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay)
+
+
+def model_vocab(cfg: TrainConfig, preset_vocab: int, data_vocab: int) -> int:
+    """``--vocab-size`` if given (it must hold the data's tokens), else the preset's
+    vocabulary, grown to the data's rounded up to a multiple of 128 if smaller."""
+    if cfg.vocab_size is not None:
+        if cfg.vocab_size < data_vocab:
+            raise ValueError(f"vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+                             f"{data_vocab} tokens")
+        return cfg.vocab_size
+    if preset_vocab >= data_vocab:
+        return preset_vocab
+    return -(-data_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def build(cfg: TrainConfig, data_vocab: int) -> tuple[TrainState, object]:
+    """The initial (sharded) state and the model config, for data of ``data_vocab`` tokens."""
+    mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, collectives=cfg.collectives)
+    if cfg.init_from_hf:
+        return from_hf(cfg, mesh, data_vocab)
+    model_cfg = preset(cfg.model, cfg.preset, attention_impl=cfg.attention)
+    vocab = model_vocab(cfg, model_cfg.vocab_size, data_vocab)
+    if vocab != model_cfg.vocab_size:
+        model_cfg = model_cfg.replace(vocab_size=vocab)
+    return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
+
+
+def from_hf(cfg: TrainConfig, mesh: Mesh, data_vocab: int) -> tuple[TrainState, object]:
+    """State and model config from the HF checkpoint ``cfg.init_from_hf``."""
+    family, hf_cfg = hf.load_config(cfg.init_from_hf)
+    if family != cfg.model:
+        raise ValueError(f"{cfg.init_from_hf} holds a {family} checkpoint but --model is "
+                         f"{cfg.model}; pass --model {family}")
+    if cfg.vocab_size is not None:
+        raise ValueError("vocab_size cannot be set with init_from_hf: the checkpoint fixes it")
+    if hf_cfg.vocab_size < data_vocab:
+        raise ValueError(f"the tokenizer has {data_vocab} tokens but the checkpoint "
+                         f"{cfg.init_from_hf} only {hf_cfg.vocab_size}")
+    return hf.init_from_hf(cfg.init_from_hf, adamw(cfg), mesh,
+                           attention_impl=cfg.attention)

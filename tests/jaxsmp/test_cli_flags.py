@@ -1,0 +1,60 @@
+"""Training settings: flags over a TOML file over the script's defaults, and every bad
+value rejected at parse time with its name, before any device work."""
+import pytest
+
+from jaxsmp.cli import ConfigError, TrainConfig, parse_args
+from jaxsmp.cli.entry import main
+
+
+def test_flags_override_the_config_file_which_overrides_the_scripts_defaults(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nmodel = "llama"\n[step]\nsteps = 5\nlr = 1e-3\n')
+    cfg = parse_args(["--config", str(path), "--steps", "7"], model="bloom")
+    assert (cfg.model, cfg.steps, cfg.lr) == ("llama", 7, 1e-3)
+    assert parse_args([], model="bloom").model == "bloom"
+
+
+def test_clipping_can_be_switched_off_on_the_command_line():
+    assert parse_args(["--clip-norm", "none"]).clip_norm is None
+    assert parse_args(["--clip-norm", "0.5"]).clip_norm == 0.5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "steps must be >= 1, got 0"),
+    (["--steps", "-1"], "steps must be >= 1, got -1"),
+    (["--clip-norm", "0"], "clip_norm must be a positive number, got 0.0 .*none"),
+    (["--clip-norm", "-1"], "clip_norm must be a positive number, got -1.0"),
+    (["--collectives", "fast"], "unknown collectives 'fast'; valid: a2a, ffi, .*auto"),
+    (["--precision", "fp8"], "unknown precision 'fp8'; valid: bf16, fp16, fp32"),
+    (["--remat", "some"], "unknown remat 'some'; valid: none, full"),
+    (["--attention", "flash"], "unknown attention 'flash'; valid: auto"),
+    (["--pipeline", "zb"], "unknown pipeline 'zb'; valid: simple"),
+    (["--resume", "maybe"], "unknown resume 'maybe'; valid: auto, require, never"),
+    (["--model", "gpt2"], "unknown model 'gpt2'; valid: bloom, gpt_neox, llama"),
+    (["--batch-size", "0"], "batch_size must be >= 1"),
+    (["--profile-steps", "8:5", "--log-dir", "x"], "profile_steps must be START:STOP"),
+    (["--profile-steps", "5:8"], "profile_steps needs log_dir"),
+])
+def test_bad_settings_are_rejected_naming_the_value(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_args(argv)
+
+
+def test_the_same_checks_apply_to_a_config_built_in_python():
+    with pytest.raises(ConfigError, match="steps must be >= 1"):
+        TrainConfig(steps=0)
+    with pytest.raises(ConfigError, match="seq_len must be int, got '64'"):
+        TrainConfig(seq_len="64")
+
+
+def test_the_entry_point_exits_with_the_error_before_starting_jax(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--steps", "-1"], model="gpt_neox")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: steps must be >= 1, got -1\n"
+
+
+def test_a_flag_of_the_wrong_type_names_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--steps", "many"])
+    assert "--steps takes int, got 'many'" in capsys.readouterr().err
