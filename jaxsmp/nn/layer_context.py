@@ -1,9 +1,9 @@
 """What the training step tells every stacked layer: how to gather it, how to remat it.
 
 Models never see meshes or collectives. ``jaxsmp.step`` installs a context whose
-``gather`` turns one layer's ``sdp`` shards into full parameters (ZeRO-3, one layer
-at a time) and whose ``remat`` names the activation-checkpointing policy; outside a
-step the defaults make a :class:`~jaxsmp.nn.Stack` a plain scan.
+``scan_layers`` runs a :class:`~jaxsmp.nn.Stack`'s layers with ZeRO-3 gathering (one
+layer at a time, the next prefetched), remat and hand-written backward; outside a
+step the defaults make a Stack a plain scan.
 """
 from __future__ import annotations
 
@@ -12,17 +12,26 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import jax
 from flax import nnx
 
+from jaxsmp.nn.remat import remat
 
-def _identity(state: nnx.State) -> nnx.State:
-    return state
+
+def plain_scan(apply: Callable, h: Any, params: nnx.State, args, *,
+               remat_policy: str = "none") -> Any:
+    """``apply(layer_params, h, args)`` over the stacked layers in ``params``, in one
+    ``lax.scan``, each layer under the remat policy (outside a step: no gathering)."""
+    def body(carry, one):
+        return apply(one, carry, args), None
+    return jax.lax.scan(remat(body, remat_policy), h, params)[0]
 
 
 @dataclass(frozen=True)
 class LayerContext:
-    gather: Callable[[nnx.State], nnx.State] = _identity
-    remat: str = "none"
+    # ``scan_layers(apply, h, params, args)``: how a Stack runs its local layers; the
+    # step installs ZeRO-3 gathering with remat and prefetch (jaxsmp.train.layer_scan).
+    scan_layers: Callable[..., Any] = plain_scan
     # With pp > 1: ``run_stages(run, x, params, args)`` runs the stage's local layers in
     # a pipeline schedule (see jaxsmp.pipeline.runner.StageRunner); None: a plain scan.
     run_stages: Callable[..., Any] | None = None

@@ -1,12 +1,11 @@
 """A stack of identical layers, stored stacked and run with one ``lax.scan``.
 
-Compile time does not grow with depth. At the top of the scan body the layer's
-parameters pass through the step's ``gather`` (the ZeRO-3 all-gather over
-``sdp``); the body is wrapped in the step's remat policy, under which (any but
-``none``) the gather is repeated in the backward pass rather than keeping every
-layer's gathered weights alive. With
-pipeline parallelism the step's ``run_stages`` runs the stage's local layers inside a
-schedule over ``pp`` (:mod:`jaxsmp.pipeline.runner`).
+Compile time does not grow with depth. The layers run through the layer context's
+``scan_layers``: a plain scan outside a step, ZeRO-3 inside one (each layer's
+parameters gathered over ``sdp`` just before use, the next one prefetched, the gathered
+weights freed after use; :mod:`jaxsmp.train.layer_scan`). With pipeline parallelism
+the step's ``run_stages`` runs the stage's local layers inside a schedule over ``pp``
+(:mod:`jaxsmp.pipeline.runner`).
 """
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import jax
 from flax import nnx
 
 from jaxsmp.nn.layer_context import current_layer_context
-from jaxsmp.nn.remat import remat
 
 
 def is_stacked(variable: nnx.Variable) -> bool:
@@ -45,12 +43,11 @@ class Stack(nnx.Module):
         graphdef, params = nnx.split(self.layers)
         ctx = current_layer_context()
 
+        def apply(one: nnx.State, h: jax.Array, layer_args) -> jax.Array:
+            return nnx.merge(graphdef, one)(h, *layer_args)
+
         def run(h: jax.Array, layer_params: nnx.State, layer_args) -> jax.Array:
-            def body(carry: jax.Array, one: nnx.State) -> tuple[jax.Array, None]:
-                layer = nnx.merge(graphdef, ctx.gather(one))
-                return layer(carry, *layer_args), None
-            h, _ = jax.lax.scan(remat(body, ctx.remat), h, layer_params)
-            return h
+            return ctx.scan_layers(apply, h, layer_params, layer_args)
 
         if ctx.run_stages is None:
             return run(x, params, args)

@@ -1,12 +1,14 @@
 """The user's loss on one device's parameter shards, inside the step's ``shard_map``.
 
 Top-level parameters are gathered over ``sdp`` once per call; stacked layers are
-gathered one at a time inside the :class:`~jaxsmp.nn.Stack`'s scan, through the
-:class:`~jaxsmp.nn.LayerContext` installed here (ZeRO-3), which also carries the remat
-policy, the pipeline's stage runner and the sharded embedding lookup.
+gathered one at a time inside the :class:`~jaxsmp.nn.Stack`'s scan
+(:func:`~jaxsmp.train.layer_scan.zero3_scan`, installed through the
+:class:`~jaxsmp.nn.LayerContext` with the remat policy and prefetch), which also
+carries the pipeline's stage runner and the sharded embedding lookup.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -18,7 +20,8 @@ from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
 from jaxsmp.train.options import StepOptions
-from jaxsmp.train.param_gather import gather_tree, sdp_dim
+from jaxsmp.train.layer_scan import zero3_scan
+from jaxsmp.train.param_gather import gather_tree, scatter_tree, sdp_dim
 from jaxsmp.train.precision import precision_policy
 
 LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
@@ -39,10 +42,12 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
                           select=lambda v: not is_stacked(v) and id(v) not in tables,
                           bucket=options.bucket)
         top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables)
-        ctx = LayerContext(
+        scan = functools.partial(
+            zero3_scan, remat=options.remat, prefetch=options.prefetch,
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
-            remat=options.remat, run_stages=stage_runner,
-            embed_lookup=lookup_hook(params, top, tables, dtype))
+            scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
+        ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
+                           embed_lookup=lookup_hook(params, top, tables, dtype))
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

@@ -21,7 +21,9 @@ class StepOptions:
     ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
     (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
     mesh's). ``bucket``: gather each layer's parameters with one collective over
-    one flat buffer instead of one per parameter. ``pipeline`` (when the mesh has
+    one flat buffer instead of one per parameter. ``prefetch``: gather the next layer
+    while one computes, and reduce-scatter a layer's gradient while the next one's
+    backward runs (one more gathered layer of memory). ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
     stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
     the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
@@ -31,6 +33,7 @@ class StepOptions:
     clip_norm: float | None = 1.0
     collectives: str | None = None
     bucket: bool = True
+    prefetch: bool = True
     pipeline: str = "simple"
     virtual_chunks: int = 2
 

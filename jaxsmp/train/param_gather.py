@@ -96,27 +96,54 @@ def _bucketable(var: nnx.Variable, dtype) -> bool:
     return gathered <= BUCKET_MAX_BYTES and not any("tp" in _names(d) for d in mesh_axes(var))
 
 
+def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], list[list[int]]]:
+    """(indices only cast to ``dtype``, groups of indices gathered together): selected
+    float parameters not split over sdp are only cast; split ones share one bucket when
+    :func:`_bucketable`, else go alone."""
+    cast, split = [], []
+    for i, v in enumerate(variables):
+        if select(v) and jnp.issubdtype(v[...].dtype, jnp.floating):
+            (split if sdp_dim(v) is not None else cast).append(i)
+    flat = [i for i in split if bucket and _bucketable(variables[i], dtype)]
+    return cast, ([flat] if flat else []) + [[i] for i in split if i not in flat]
+
+
 def gather_tree(state: nnx.State, dtype, algorithm: str,
                 select: Callable[[nnx.Variable], bool] = lambda v: True,
                 bucket: bool = False) -> nnx.State:
     """The selected float parameters of ``state`` in ``dtype``, gathered over sdp: one
-    collective each, or with ``bucket`` one for all that :func:`_bucketable` admits."""
+    collective each, or with ``bucket`` one for all that :func:`_bucketable` admits.
+    Differentiable: the gradient is :func:`scatter_tree`'s reduce-scatter."""
     variables, treedef = jax.tree.flatten(state, is_leaf=is_var)
     out = list(variables)
-    split = []
-    for i, v in enumerate(variables):
-        if select(v) and jnp.issubdtype(v[...].dtype, jnp.floating):
-            if sdp_dim(v) is None:
-                out[i] = v.replace(v[...].astype(dtype))
-            else:
-                split.append(i)
-    flat = [i for i in split if bucket and _bucketable(variables[i], dtype)]
-    groups = [flat] if flat else []
-    groups += [[i] for i in split if i not in flat]
+    cast, groups = _groups(variables, dtype, select, bucket)
+    for i in cast:
+        out[i] = variables[i].replace(variables[i][...].astype(dtype))
     for group in groups:
         full = gather_shards([variables[i][...] for i in group],
                              tuple(sdp_dim(variables[i]) for i in group), dtype, algorithm,
                              len(group) > 1)
         for i, value in zip(group, full):
+            out[i] = variables[i].replace(value)
+    return jax.tree.unflatten(treedef, out)
+
+
+def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
+                 bucket: bool = False) -> nnx.State:
+    """Gradients of :func:`gather_tree`'s output (``grads``, full size) reduced to the
+    parameter shards ``shards`` hold: float32 reduce-scatters over sdp, grouped as the
+    gather was, cast to the shards' dtypes (the transpose of ``gather_tree``, run by
+    hand where the step writes the backward pass itself)."""
+    variables, treedef = jax.tree.flatten(shards, is_leaf=is_var)
+    values = [g[...] if is_var(g) else g for g in treedef.flatten_up_to(grads)]
+    out = [v.replace(jnp.zeros_like(v[...])) for v in variables]  # non-float: no gradient
+    cast, groups = _groups(variables, dtype, lambda v: True, bucket)
+    for i in cast:
+        out[i] = variables[i].replace(values[i].astype(variables[i][...].dtype))
+    for group in groups:
+        dims = tuple(sdp_dim(variables[i]) for i in group)
+        summed = _gather_bwd(dims, dtype, algorithm, len(group) > 1,
+                             [variables[i][...] for i in group], [values[i] for i in group])[0]
+        for i, value in zip(group, summed):
             out[i] = variables[i].replace(value)
     return jax.tree.unflatten(treedef, out)

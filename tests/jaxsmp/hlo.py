@@ -137,3 +137,63 @@ def dot_input_dtypes(text: str) -> list[tuple[str, ...]]:
             names = [o.strip().lstrip("%") for o in operands.split(",")][:2]
             dots.append(tuple(t for n in names for t in source_types(n)))
     return dots
+
+
+_COMPUTE = ("dot", "convolution")
+
+
+def _instructions(lines: list[str]) -> dict[str, tuple[str, list[str], str]]:
+    """{name: (opcode, operand names, line)} of one computation."""
+    out = {}
+    for line in lines:
+        m = re.match(r"(?:ROOT )?%?([\w.\-]+) = \S+ ([\w\-]+)\((.*?)\)(.*)", line)
+        if m:
+            operands = re.findall(r"%([\w.\-]+)", m.group(3))
+            out[m.group(1)] = (m.group(2), operands, line)
+    return out
+
+
+def _computes(comps: dict[str, list[str]], instr: tuple[str, list[str], str]) -> bool:
+    """A dot or convolution, or a fusion/call containing one."""
+    op, _, line = instr
+    if op in _COMPUTE:
+        return True
+    called = re.search(r"calls=%?([\w.\-]+)", line)
+    return bool(called) and any(_instructions(comps.get(called.group(1), [])).get(n, ("",))[0]
+                                in _COMPUTE for n in _instructions(
+                                    comps.get(called.group(1), [])))
+
+
+def collective_dependencies(text: str, op: str) -> list[dict]:
+    """For every ``op`` collective inside a while-loop body: whether its input depends
+    on compute (dots) of the same iteration and whether compute of the same iteration
+    uses its result. A prefetch, or a gradient reduce-scattered one iteration late, is
+    independent both ways, so an asynchronous backend can overlap it with the compute."""
+    comps, _ = computations(text)
+    bodies = [re.search(r"body=%?([\w.\-]+)", l).group(1)
+              for lines in comps.values() for l in lines if " while(" in l]
+    found = []
+    for body in bodies:
+        instrs = _instructions(comps[body])
+        users: dict[str, list[str]] = {}
+        for name, (_, operands, _) in instrs.items():
+            for o in operands:
+                users.setdefault(o, []).append(name)
+
+        def reach(start: str, edges) -> set[str]:
+            seen, todo = set(), list(edges(start))
+            while todo:
+                n = todo.pop()
+                if n not in seen and n in instrs:
+                    seen.add(n)
+                    todo += edges(n)
+            return seen
+        for name, instr in instrs.items():
+            if instr[0] in (op, op + "-start"):
+                inputs = reach(name, lambda n: instrs[n][1] if n in instrs else [])
+                outputs = reach(name, lambda n: users.get(n, []))
+                found.append({
+                    "input_waits_for_compute": any(_computes(comps, instrs[n]) for n in inputs),
+                    "compute_waits_for_result": any(_computes(comps, instrs[n])
+                                                    for n in outputs)})
+    return found

@@ -1,0 +1,179 @@
+"""ZeRO-3 over a layer stack: one layer gathered at a time, the next one prefetched,
+gathered weights freed after use, gradients reduce-scattered while the next layer runs.
+
+The step installs :func:`zero3_scan` as the :class:`~jaxsmp.nn.LayerContext`'s layer
+scan. Its forward and backward passes are written by hand (a custom VJP), because
+autodiff of a scan keeps every input of the body for the backward pass, and the
+gathered weights are such an input once they are prefetched through the carry:
+
+* forward: ``W[i+1] = gather(shard[i+1])`` is issued in iteration ``i`` and travels in
+  the scan carry, independent of layer ``i``'s compute; the iteration saves the
+  residuals of layer ``i``'s VJP *except* its gathered weights (recognised by
+  identity: a matmul's residual is its weight operand itself).
+* backward: ``W[i]`` was re-gathered one iteration earlier (prefetch again), layer
+  ``i``'s VJP runs on the saved residuals with ``W[i]`` put back, and layer ``i+1``'s
+  full gradient, finished one iteration earlier, is reduce-scattered in float32 while
+  layer ``i`` computes.
+
+So with ``remat="none"`` the step keeps per layer only its activations, never its
+gathered weights (FSDP's reshard-after-forward); the remat policies still apply to
+what the VJP saves. Memory cost of prefetching: one more gathered layer in the forward,
+one more gathered layer and one full float32 layer gradient in the backward.
+``prefetch=False`` gathers and reduce-scatters in the iteration that needs them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsmp.nn.remat import remat
+
+# apply(layer_params, h, args) -> h for one layer with its full (gathered) parameters
+Apply = Callable[[Any, jax.Array, Sequence[Any]], jax.Array]
+
+
+def _index(tree: Any, i) -> Any:
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def _float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+class _Layer:
+    """One layer's forward with its VJP residuals minus the gathered weights, and the
+    backward from those residuals with the weights put back. Only float arguments
+    get cotangents."""
+
+    def __init__(self, apply: Apply, policy: str, args: Sequence[Any]):
+        self.apply = remat(apply, policy)
+        self.floating = [i for i, a in enumerate(args) if _float(a)]
+        self.layout: dict = {}
+
+    def float_args(self, args: Sequence[Any]) -> list:
+        return [args[i] for i in self.floating]
+
+    def forward(self, w, h, args: Sequence[Any]):
+        """(output, residual leaves without ``w``'s)."""
+        def with_float(w, h, fargs):
+            merged = list(args)
+            for i, a in zip(self.floating, fargs):
+                merged[i] = a
+            return self.apply(w, h, merged)
+        out, pullback = jax.vjp(with_float, w, h, self.float_args(args))
+        leaves, treedef = jax.tree.flatten(pullback)
+        weights = {id(x): k for k, x in enumerate(jax.tree.leaves(w))}
+        self.layout = {"treedef": treedef, "weights": [weights.get(id(x)) for x in leaves]}
+        return out, [x for x in leaves if id(x) not in weights]
+
+    def backward(self, w, residuals: list, cotangent):
+        """(weight gradients, input cotangent, float-argument cotangents)."""
+        weights, kept = jax.tree.leaves(w), iter(residuals)
+        leaves = [next(kept) if k is None else weights[k] for k in self.layout["weights"]]
+        return jax.tree.unflatten(self.layout["treedef"], leaves)(cotangent)
+
+    def arg_cotangents(self, args: Sequence[Any], float_grads: list) -> list:
+        out = [np.zeros(np.shape(a), jax.dtypes.float0) for a in args]
+        for i, g in zip(self.floating, float_grads):
+            out[i] = g
+        return out
+
+
+def _forward(layer: _Layer, gather: Callable, shards: Any, h: jax.Array, args: Sequence[Any],
+             n: int, prefetch: bool, keep: bool):
+    """(output, residuals stacked over the layers) of the layers in order. With
+    ``prefetch`` the last iteration's prefetch is spare (one gather): peeling the last
+    layer off the loop instead would copy every residual into one stack."""
+    if keep:
+        def step(w, h):
+            return layer.forward(w, h, args)
+    else:
+        def step(w, h):
+            return layer.apply(w, h, args), []
+    if not prefetch:
+        def body(h, shard):
+            return step(gather(shard), h)
+        return jax.lax.scan(body, h, shards)
+
+    def body(carry, i):  # the next layer's gather does not wait for this layer
+        h, w = carry
+        w_next = gather(_index(shards, (i + 1) % n))  # the last iteration's is spare
+        h, res = step(w, h)
+        return (h, w_next), res
+
+    # indices, not slices of the stacks: a slice would be copied whole before the loop
+    (h, _), res = jax.lax.scan(body, (h, gather(_index(shards, 0))), jnp.arange(n))
+    return h, res
+
+
+def _backward(layer: _Layer, gather: Callable, scatter: Callable, shards: Any, res: Any,
+              fargs: list, dy: jax.Array, n: int, prefetch: bool):
+    """(stacked shard gradients, input cotangent, float-argument cotangents)."""
+    zeros = [jnp.zeros_like(a) for a in fargs]
+    add = lambda a, b: [x + y for x, y in zip(a, b)]  # noqa: E731
+    if not prefetch:
+        def body(carry, xs):
+            dy, dargs = carry
+            shard, r = xs
+            dw, dy, da = layer.backward(gather(shard), r, dy)
+            return (dy, add(dargs, da)), scatter(dw, shard)
+        (dy, dargs), grads = jax.lax.scan(body, (dy, zeros), (shards, res), reverse=True)
+        return grads, dy, dargs
+    return _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add)
+
+
+def _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add):
+    """Layer ``i``'s backward while ``W[i-1]`` is gathered and layer ``i+1``'s gradient
+    reduce-scattered. The last layer runs before the scan (nothing to reduce-scatter
+    yet), layer 0's reduce-scatter after it; the scan's layer 0 prefetches a spare
+    gather, which keeps the loop branch-free. Residuals and shards are indexed, never
+    sliced (XLA would copy a slice of a stack before the loop)."""
+    w = gather(_index(shards, n - 1))
+    pending, dy, dargs = layer.backward(w, _index(res, n - 1), dy)
+    if n == 1:
+        return jax.tree.map(lambda g: g[None], scatter(pending, _index(shards, 0))), dy, dargs
+    w_prev = gather(_index(shards, n - 2))
+
+    def body(carry, i):  # layer i, for i = n-2 .. 0
+        dy, dargs, w, pending = carry
+        r = _index(res, i)
+        w_below = gather(_index(shards, jnp.maximum(i - 1, 0)))
+        done = scatter(pending, _index(shards, i + 1))  # layer i+1's, independent of layer i
+        dw, dy, da = layer.backward(w, r, dy)
+        return (dy, add(dargs, da), w_below, dw), done
+
+    (dy, dargs, _, pending), above = jax.lax.scan(
+        body, (dy, dargs, w_prev, pending), jnp.arange(n - 1), reverse=True)
+    first = scatter(pending, _index(shards, 0))
+    grads = jax.tree.map(lambda g, rest: jnp.concatenate([g[None], rest]), first, above)
+    return grads, dy, dargs
+
+
+def zero3_scan(apply: Apply, h: jax.Array, shards: Any, args: Sequence[Any], *,
+               gather: Callable[[Any], Any], scatter: Callable[[Any, Any], Any],
+               remat: str = "none", prefetch: bool = True) -> jax.Array:
+    """``apply`` over the stacked local layer shards ``shards`` (leading axis: layers):
+    ``gather(shard)`` gives one layer's full parameters, ``scatter(grads, shard)`` their
+    gradients reduced to the shard (see the module docstring)."""
+    layer = _Layer(apply, remat, args)
+    n = jax.tree.leaves(shards)[0].shape[0]
+
+    @jax.custom_vjp
+    def scan(shards, h, args):
+        return _forward(layer, gather, shards, h, args, n, prefetch, keep=False)[0]
+
+    def forward(shards, h, args):
+        out, res = _forward(layer, gather, shards, h, args, n, prefetch, keep=True)
+        return out, (shards, res, args)
+
+    def backward(saved, dy):
+        shards, res, args = saved
+        grads, dh, dargs = _backward(layer, gather, scatter, shards, res,
+                                     layer.float_args(args), dy, n, prefetch)
+        return grads, dh, layer.arg_cotangents(args, dargs)
+
+    scan.defvjp(forward, backward)
+    return scan(shards, h, list(args))
