@@ -266,7 +266,6 @@ class TrainStep:
 
     def _step(self, state: TrainState, batch: Any):
         algorithm = self.options.collectives or state.mesh.collectives
-        collectives.set_topology_mesh(state.mesh.jax_mesh)  # host groups of sdp for auto
         body = _local_gradients(self.fn, state, self.options, algorithm)
         specs = _param_specs(state.params)
         dynamic = precision_policy(self.options.precision).loss_scaling
@@ -274,10 +273,11 @@ class TrainStep:
         order = _layer_order(state, _pipeline(state.mesh, self.options))
         params = state.params if order is None else permute_stacked(state.params, state.params,
                                                                      order)
-        grads, loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
-            in_specs=(specs, _batch_specs(batch), P()), out_specs=(specs, P(), P()),
-        )(params, batch, scale)
+        with collectives.scope(mesh=state.mesh.jax_mesh):  # host and MPI groups of sdp
+            grads, loss, metrics = jax.shard_map(
+                body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
+                in_specs=(specs, _batch_specs(batch), P()), out_specs=(specs, P(), P()),
+            )(params, batch, scale)
         if order is not None:
             grads = permute_stacked(grads, state.params, inverse(order))
         new_state, update_metrics = _apply(state, grads, self.options)
@@ -304,7 +304,6 @@ class EvalStep:
 
     def _eval(self, state: TrainState, batch: Any) -> dict:
         algorithm = self.options.collectives or state.mesh.collectives
-        collectives.set_topology_mesh(state.mesh.jax_mesh)
 
         # forward only: the stored (contiguous) layer order runs the GPipe schedule
         pipeline = None if state.mesh.pp == 1 else Pipeline("simple", state.mesh.pp,
@@ -316,10 +315,11 @@ class EvalStep:
             mean = lambda x: jax.lax.pmean(x, MANUAL_AXES)  # noqa: E731
             return mean(loss), jax.tree.map(mean, metrics)
 
-        loss, metrics = jax.shard_map(
-            body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
-            in_specs=(_param_specs(state.params), _batch_specs(batch)), out_specs=(P(), P()),
-        )(state.params, batch)
+        with collectives.scope(mesh=state.mesh.jax_mesh):
+            loss, metrics = jax.shard_map(
+                body, mesh=state.mesh.jax_mesh, axis_names=_manual_axes(state.mesh),
+                in_specs=(_param_specs(state.params), _batch_specs(batch)), out_specs=(P(), P()),
+            )(state.params, batch)
         return {"loss": loss, **metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
