@@ -3,9 +3,14 @@
 //
 // Pattern: direct all-to-all inside one channel (see mpi_common.h). Every rank posts
 // MPI_Irecv_c from and MPI_Isend_c to every peer at once, tagged per call site, copies its
-// own block locally and waits for all (with a timeout). Blocks are the rows of the leading
+// own block locally and waits for all (with a timeout) on a worker thread of its own, while
+// the handler returns a future to XLA (see Workers below). Blocks are the rows of the leading
 // dimension: all-gather sends its whole input to each peer; reduce-scatter sends input
 // block j to rank j and sums the received blocks in rank order.
+#include <condition_variable>
+#include <deque>
+#include <functional>
+
 #include "mpi_common.h"
 
 namespace jaxsmp {
@@ -80,38 +85,119 @@ namespace {
 
 void HostCopy(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
-ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
-                         ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
-                         std::string_view site) {
-  Call call{"all_gather", site, tag, timeout_ms};
-  const Channel* channel;
-  int rank, size;
-  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) return e;
-  size_t block = x.size_bytes();
-  if (auto e = CheckSizes(call, block, out->size_bytes(), size); e.failure()) return e;
-  const char* send = static_cast<const char*>(x.untyped_data());
-  return Exchange(call, *channel, rank, size, [&](int) { return send; }, block,
-                  static_cast<char*>(out->untyped_data()), HostCopy);
+// Threads that wait for MPI so that XLA's threads do not: XLA:CPU runs independent thunks in
+// whatever order its (small) thread pool reaches them, so a handler that blocked could hold
+// the thread another process's peer needs for one of XLA's own collectives first. Every
+// queued task has a waiting worker of its own (one is started when none is free), so no
+// task ever waits behind another.
+class Workers {
+ public:
+  void Submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+    if (waiting_ >= tasks_.size()) {
+      ready_.notify_one();
+    } else {
+      std::thread([this] { Loop(); }).detach();
+    }
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ++waiting_;
+      ready_.wait(lock, [this] { return !tasks_.empty(); });
+      --waiting_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> tasks_;
+  size_t waiting_ = 0;
+};
+
+Workers& workers() {
+  static Workers* w = new Workers();  // never destroyed: detached threads use it
+  return *w;
 }
 
-ffi::Error ReduceScatterImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
-                             ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
-                             std::string_view site) {
-  Call call{"reduce_scatter", site, tag, timeout_ms};
+// Run `exchange` (returning ffi::Error) on a worker; the future completes with its result.
+template <typename F>
+ffi::Future Async(F exchange) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  workers().Submit([promise, exchange = std::move(exchange)]() mutable {
+    ffi::Error e = exchange();
+    if (e.failure()) {
+      promise.SetError(std::move(e));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
+}
+
+ffi::Future Failed(ffi::Error e) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(e));
+  return future;
+}
+
+ffi::Future AllGatherImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                          ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
+                          std::string_view site) {
+  Call call{"all_gather", std::string(site), tag, timeout_ms};
   const Channel* channel;
   int rank, size;
-  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) return e;
-  size_t block = out->size_bytes();
-  if (auto e = CheckSizes(call, block, x.size_bytes(), size); e.failure()) return e;
-  const char* send = static_cast<const char*>(x.untyped_data());
-  std::vector<char> received(block * size);
-  if (auto e = Exchange(call, *channel, rank, size, [&](int j) { return send + j * block; },
-                        block, received.data(), HostCopy);
-      e.failure()) {
-    return e;
+  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) {
+    return Failed(std::move(e));
   }
-  return Sum(x.element_type(), received.data(), size, out->element_count(),
-             static_cast<char*>(out->untyped_data()));
+  size_t block = x.size_bytes();
+  if (auto e = CheckSizes(call, block, out->size_bytes(), size); e.failure()) {
+    return Failed(std::move(e));
+  }
+  const char* send = static_cast<const char*>(x.untyped_data());
+  char* recv = static_cast<char*>(out->untyped_data());
+  return Async([=] {
+    return Exchange(call, *channel, rank, size, [&](int) { return send; }, block, recv,
+                    HostCopy);
+  });
+}
+
+ffi::Future ReduceScatterImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                              ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
+                              std::string_view site) {
+  Call call{"reduce_scatter", std::string(site), tag, timeout_ms};
+  const Channel* channel;
+  int rank, size;
+  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) {
+    return Failed(std::move(e));
+  }
+  size_t block = out->size_bytes();
+  if (auto e = CheckSizes(call, block, x.size_bytes(), size); e.failure()) {
+    return Failed(std::move(e));
+  }
+  const char* send = static_cast<const char*>(x.untyped_data());
+  char* result = static_cast<char*>(out->untyped_data());
+  ffi::DataType type = x.element_type();
+  size_t count = out->element_count();
+  return Async([=] {
+    std::vector<char> received(block * size);
+    if (auto e = Exchange(call, *channel, rank, size, [&](int j) { return send + j * block; },
+                          block, received.data(), HostCopy);
+        e.failure()) {
+      return e;
+    }
+    return Sum(type, received.data(), size, count, result);
+  });
 }
 
 }  // namespace
@@ -147,6 +233,9 @@ int jaxsmp_mpi_init() {
       MPI_Comm_dup(MPI_COMM_WORLD, &g_split_parent) != MPI_SUCCESS) {
     return 3;
   }
+  // errors come back to the handlers (and into XLA's error), not MPI's abort
+  MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(g_split_parent, MPI_ERRORS_RETURN);
   return 0;
 }
 

@@ -166,7 +166,7 @@ ffi::Error DeviceSum(cudaStream_t stream, ffi::DataType type, const void* blocks
 ffi::Error AllGatherCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
                          ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
                          std::string_view site) {
-  Call call{"all_gather", site, tag, timeout_ms};
+  Call call{"all_gather", std::string(site), tag, timeout_ms};
   size_t block = x.size_bytes();
   const char* src = static_cast<const char*>(x.untyped_data());
   bool aware = CudaAware();
@@ -192,7 +192,7 @@ ffi::Error AllGatherCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi:
 ffi::Error ReduceScatterCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
                              ffi::Buffer<ffi::S32> where, ffi::Result<ffi::AnyBuffer> out,
                              int64_t tag, int64_t timeout_ms, std::string_view site) {
-  Call call{"reduce_scatter", site, tag, timeout_ms};
+  Call call{"reduce_scatter", std::string(site), tag, timeout_ms};
   size_t total = x.size_bytes();
   const char* src = static_cast<const char*>(x.untyped_data());
   bool aware = CudaAware();

@@ -41,7 +41,7 @@ inline std::unordered_map<int32_t, Channel> g_channels;
 // What an error message names: the collective, where it was traced, its tag and timeout.
 struct Call {
   const char* op;
-  std::string_view site;
+  std::string site;  // a copy: the CPU handlers finish on another thread
   int64_t tag;
   int64_t timeout_ms;
 };
@@ -106,10 +106,21 @@ inline ffi::Error WaitAll(std::vector<MPI_Request>& requests, const std::vector<
                           const Channel& channel, int rank, const Call& call) {
   auto start = std::chrono::steady_clock::now();
   auto deadline = start + std::chrono::milliseconds(call.timeout_ms);
+  std::vector<MPI_Status> statuses(requests.size());
   for (int polls = 0;; ++polls) {
     int done = 0;
     int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                         MPI_STATUSES_IGNORE);
+                         statuses.data());
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        int e = statuses[i].MPI_ERROR;
+        if (e != MPI_SUCCESS && e != MPI_ERR_PENDING) {
+          std::string what = "message with world rank " +
+                             std::to_string(WorldRank(channel, peers[i]));
+          return MpiError(e, call, what.c_str());
+        }
+      }
+    }
     if (rc != MPI_SUCCESS) return MpiError(rc, call, "MPI_Testall");
     if (done) return ffi::Error::Success();
     if (std::chrono::steady_clock::now() > deadline) break;

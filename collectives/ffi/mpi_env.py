@@ -25,7 +25,8 @@ class MpiLaunch:
         return self.local_size == self.size
 
 
-def _int(env: Mapping[str, str], key: str) -> int:
+def env_int(env: Mapping[str, str], key: str) -> int:
+    """``env[key]`` as an integer, or an error naming the variable and its value."""
     try:
         return int(env[key])
     except ValueError:
@@ -37,8 +38,8 @@ def mpi_launch(env: Mapping[str, str] | None = None) -> MpiLaunch | None:
     env = os.environ if env is None else env
     for launcher, (rank, size, local) in LAUNCHERS.items():
         if rank in env and size in env:
-            local_size = _int(env, local) if local in env else None
-            return MpiLaunch(launcher, _int(env, rank), _int(env, size), local_size)
+            local_size = env_int(env, local) if local in env else None
+            return MpiLaunch(launcher, env_int(env, rank), env_int(env, size), local_size)
     return None
 
 
