@@ -10,6 +10,9 @@ from collectives.profile import default_model
 from collectives.topology import Topology
 
 
+MARGIN = 0.05  # predicted within 5% of the fastest: a tie
+
+
 @dataclass(frozen=True)
 class Decision:
     pick: str
@@ -30,9 +33,11 @@ def resolve(model: CostModel | None) -> tuple[CostModel | None, str]:
 
 def decide(nbytes: int, topo: Topology, model: CostModel | None = None, *,
            op: str = "all_gather", ffi: bool = False) -> Decision:
-    """The cheapest candidate (ties go to the earlier name, so to ``xla`` first); ``ffi``
-    is a candidate only when the caller says it can run. With no model at all, or none
-    that knows this topology, the pick is ``xla`` and ``why`` says so."""
+    """The cheapest candidate, where a candidate within :data:`MARGIN` of the cheapest
+    counts as a tie and ties go to the earlier name (so to ``xla`` first: measurements
+    are noisy, and a near-tie is no reason to leave XLA's own collective); ``ffi`` is a
+    candidate only when the caller says it can run. With no model at all, or none that
+    knows this topology, the pick is ``xla`` and ``why`` says so."""
     model, source = resolve(model)
     if model is None:
         return Decision("xla", {}, source)
@@ -44,7 +49,9 @@ def decide(nbytes: int, topo: Topology, model: CostModel | None = None, *,
         return Decision("xla", seconds, f"{source}: topology {topology_key(topo)} was not "
                         f"calibrated for {op} (calibrated: {calibrated}) and the model does not "
                         f"extrapolate on this backend: xla")
-    return Decision(min(known, key=known.get), seconds, source)
+    best = min(known.values())
+    return Decision(next(a for a, t in known.items() if t <= best * (1 + MARGIN)), seconds,
+                    source)
 
 
 def choose(nbytes: int, topo: Topology, model: CostModel | None = None, *,

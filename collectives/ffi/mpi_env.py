@@ -66,8 +66,10 @@ def usable(mesh, names: tuple[str, ...]) -> tuple[bool, str]:
         return False, f"no ffi handlers for backend {jax.default_backend()!r}"
     from collectives.ffi.build import BuildError
     try:
-        from collectives.ffi import ops  # noqa: F401  (compiles on first use)
+        from collectives.ffi import ops  # compiles on first use
     except BuildError as e:
         return False, f"the MPI library did not build: {str(e).splitlines()[0]}"
+    if jax.default_backend() == "gpu" and ops.NO_CUDA:
+        return False, f"no CUDA handlers: {ops.NO_CUDA}"
     return True, (f"MPI job of {launch.size} processes; groups of {groups.processes} processes "
                   f"x {groups.per_process} devices")

@@ -9,6 +9,7 @@ mesh's order holds.
 Prints ``OK <rank>`` on success; any mismatch raises.
 """
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
@@ -103,6 +104,16 @@ def run_shard_map(port):
             lambda v: collectives.all_gather(v[0], "x", axis=1, algorithm="ffi")[None],
             mesh=reversed_mesh, in_specs=P("x"), out_specs=P("x")))(y)
     check(good.addressable_shards[0].data[0], expect_gather(g[::-1], 1))
+    # a scope mesh that is not the shard_map's: the channel ranks disagree, and it says so
+    with collectives.scope(mesh=mesh):
+        try:
+            jax.jit(jax.shard_map(  # a new jit: the scope is read when tracing
+                lambda v: collectives.all_gather(v[0], "x", algorithm="ffi")[None],
+                mesh=reversed_mesh, in_specs=P("x"), out_specs=P("x")))(y).block_until_ready()
+        except Exception as e:
+            assert re.search(r"mesh position \d != MPI rank \d in channel", str(e)), e
+        else:
+            raise AssertionError("a scope mesh other than the shard_map's was accepted")
 
 
 def run_timeout():

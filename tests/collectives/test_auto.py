@@ -84,3 +84,23 @@ def test_ffi_is_a_candidate_only_when_the_caller_says_it_can_run():
     assert "ffi" in with_ffi.seconds
     # host staging makes ffi dearer than hierarchical under the GPU constants
     assert with_ffi.seconds["ffi"] > with_ffi.seconds["hierarchical"]
+
+
+def test_explain_for_a_mesh_axis_says_why_ffi_cannot_run(monkeypatch):
+    import jax
+    mesh = jax.make_mesh((2, 4), ("dp", "sdp"))
+    text = explain(1 << 20, mesh=mesh, axis_name="sdp")
+    assert text.startswith("all_gather of 1048576 B per rank on 1 host(s) x 4 device(s)")
+    assert "ffi: not a candidate: not an MPI job" in text
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert "ffi: not a candidate: JAX has 1 processes but MPI 2" in explain(
+        1 << 20, mesh=mesh, axis_name="sdp")
+    assert "no mesh in collectives.scope" in explain(1 << 20, Topology(2, 4), mesh=None,
+                                                     axis_name="sdp")
+
+
+def test_a_near_tie_goes_to_xla():
+    one_host = Topology(1, 8)
+    assert choose(1024, one_host, _measured(xla=[(1024, 1.04e-5)], a2a=[(1024, 1e-5)])) == "xla"
+    assert choose(1024, one_host, _measured(xla=[(1024, 1.2e-5)], a2a=[(1024, 1e-5)])) == "a2a"
