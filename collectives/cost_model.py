@@ -7,7 +7,10 @@ shard bytes ``n`` (the all-gather input, the reduce-scatter output).
 
 Measured: ``measured[op]["HxG"][algorithm]`` holds ``(bytes, seconds)`` points from
 ``python -m collectives.calibrate`` for a topology of H hosts x G devices; predictions
-interpolate them (log-log), and beyond the largest size scale linearly with bytes.
+interpolate them (log-log), and beyond the largest size scale linearly with bytes. Each
+algorithm's time relative to ``xla`` is first smoothed by a median over three neighbouring
+sizes: algorithms cross over once as size grows, so a lone win or loss between two sizes
+that say otherwise is a disturbed measurement (a shared machine), not a crossover.
 ``extrapolate`` says whether topologies that were not measured may use the alpha-beta
 model (true for GPUs, whose links it describes; false on CPU, where XLA's collectives are
 thread rendezvous and memory copies that it does not rank correctly).
@@ -93,10 +96,25 @@ class CostModel:
         topology, else the alpha-beta model if ``extrapolate``, else None (unknown)."""
         curves = self.measured_algorithms(op, topo)
         if algorithm in curves:
-            return interpolate(curves[algorithm], nbytes)
+            return interpolate(smoothed(curves, algorithm), nbytes)
         if curves or not self.extrapolate:
             return None
         return self.model(algorithm, nbytes, topo)
+
+
+def smoothed(curves: dict[str, Points], algorithm: str) -> Points:
+    """``algorithm``'s points with its ratio to ``xla`` replaced by the median of that ratio
+    at the size and its two neighbours (the ends keep theirs); as measured without xla."""
+    if "xla" not in curves or algorithm == "xla":
+        return sorted(curves[algorithm])
+    base = dict(curves["xla"])
+    points = sorted((b, t) for b, t in curves[algorithm] if b in base)
+    ratios = [t / base[b] for b, t in points]
+    out = []
+    for i, (b, _) in enumerate(points):
+        window = ratios[max(i - 1, 0):i + 2] if 0 < i < len(points) - 1 else [ratios[i]]
+        out.append((b, base[b] * sorted(window)[len(window) // 2]))
+    return out
 
 
 def interpolate(points: Points, nbytes: int) -> float:

@@ -3,7 +3,6 @@
 the wait timeout."""
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from collectives.ffi import build
+from collectives.timing import free_port
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
 GROUPS_WORKER = Path(__file__).with_name("mpi_groups_worker.py")
@@ -30,12 +30,6 @@ def _have_mpich() -> bool:
 
 needs_mpi = pytest.mark.skipif(not _have_mpich(),
                                reason="mpich not installed: pip install 'jaxsmp[mpi]' (mpich wheel)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _mpiexec(*args: str, n: int = 4, worker: Path = WORKER) -> str:
@@ -57,19 +51,19 @@ def test_mpiexec_jit_matches_numpy():
 
 @needs_mpi
 def test_mpiexec_shard_map_with_jax_distributed():
-    assert _ok_ranks(_mpiexec("shard_map", str(_free_port()))) == [0, 1, 2, 3]
+    assert _ok_ranks(_mpiexec("shard_map", str(free_port()))) == [0, 1, 2, 3]
 
 
 @needs_mpi
 def test_sdp_groups_of_dp_tp_and_pp_meshes_match_xla_with_one_device_per_process():
-    out = _mpiexec(str(_free_port()), "1", "dp=2,sdp=2", "sdp=2,tp=2", "pp=2,sdp=2",
+    out = _mpiexec(str(free_port()), "1", "dp=2,sdp=2", "sdp=2,tp=2", "pp=2,sdp=2",
                    worker=GROUPS_WORKER)
     assert _ok_ranks(out) == [0, 1, 2, 3]
 
 
 @needs_mpi
 def test_two_processes_of_four_devices_gather_within_then_across_like_xla():
-    out = _mpiexec(str(_free_port()), "4", "sdp=8", "dp=2,sdp=4", "sdp=4,tp=2", n=2,
+    out = _mpiexec(str(free_port()), "4", "sdp=8", "dp=2,sdp=4", "sdp=4,tp=2", n=2,
                    worker=GROUPS_WORKER)
     assert _ok_ranks(out) == [0, 1]
 
@@ -77,7 +71,7 @@ def test_two_processes_of_four_devices_gather_within_then_across_like_xla():
 @needs_mpi
 @pytest.mark.slow
 def test_four_processes_of_two_devices_like_xla():
-    out = _mpiexec(str(_free_port()), "2", "sdp=8", "dp=2,sdp=4", worker=GROUPS_WORKER)
+    out = _mpiexec(str(free_port()), "2", "sdp=8", "dp=2,sdp=4", worker=GROUPS_WORKER)
     assert _ok_ranks(out) == [0, 1, 2, 3]
 
 

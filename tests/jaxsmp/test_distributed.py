@@ -48,6 +48,8 @@ def test_bad_environment_names_the_variable():
 
 
 def test_an_mpi_launch_across_nodes_without_mpi_or_master_addr_is_an_error(monkeypatch):
+    import collectives.ffi
+    monkeypatch.delattr(collectives.ffi, "ops", raising=False)  # imported by another test
     monkeypatch.setitem(sys.modules, "collectives.ffi.ops", None)  # the library cannot load
     env = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"}
     with pytest.raises(RuntimeError, match="2 processes were started by mpich across nodes, "
