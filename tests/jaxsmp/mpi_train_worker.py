@@ -1,6 +1,8 @@
 """Run under ``mpiexec``: jaxsmp.distributed forms one job from the MPI ranks, then a tiny
 GPT-NeoX trains through the Python API with ``collectives="ffi"`` and with ``"xla"`` on each
-mesh given (``dp=2,sdp=2`` ...); losses (rel 1e-5) and final parameter shards must agree.
+mesh given (``dp=2,sdp=2`` ...); losses (rel 1e-5) and final parameter shards must agree
+(atol 2e-4 after 3 AdamW steps, as in test_step_equivalence.py: AdamW's normalised update
+turns float32 reduction-order noise into ~1e-4 parameter differences).
 Usage: mpi_train_worker.py MESH [MESH ...]. Prints ``OK <process>``.
 """
 import os
@@ -34,7 +36,7 @@ for mesh_spec in sys.argv[1:]:
     state, losses = train(config, jaxsmp.Mesh(**degrees, collectives="ffi"), tokens)
     np.testing.assert_allclose(losses, ref, rtol=1e-5, err_msg=mesh_spec)
     for got, want in zip(shards(state), shards(ref_state)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=mesh_spec)
+        np.testing.assert_allclose(got, want, atol=2e-4, err_msg=mesh_spec)
     if jax.process_index() == 0:
         print(f"{mesh_spec} losses: {losses}", flush=True)
 print(f"OK {jax.process_index()}", flush=True)
