@@ -1,20 +1,20 @@
-"""Benchmark the collective algorithms across JAX processes on this machine.
+"""Benchmark the collective algorithms on this machine, and what ``auto`` picks.
 
-    python bench/collectives.py [--max-bytes 64M] [--cost-model PATH] [--ffi]
+    python bench/collectives.py [--max-bytes 64M] [--cost-model PATH] [--plot out.png]
 
-Table 1: 2 processes x 4 CPU devices (gloo between processes), per-rank shard sizes
-1 KiB .. 64 MiB (powers of 4); median time of xla / ring / a2a / hierarchical, the
-bytes that cross the process boundary (from each algorithm's pattern), the ratio to
-xla, and what ``auto`` picks under the p4d cost model (and a calibrated one if given).
-Table 2 (``--ffi``): 4 processes x 1 device under mpiexec, the MPI FFI custom call
-against xla / a2a over gloo. Prints markdown.
+Tables (all_gather and reduce_scatter, per-rank shard sizes 1 KiB .. 64 MiB, reduce-scatter
+capped by --max-rs-bytes for memory): 1 process x 8 CPU devices; 4 processes x 1 device,
+2 processes x 4 devices and dp=2 x sdp=4 on 4 processes x 2 devices under mpiexec (``ffi``
+included; gloo carries XLA's collectives; without MPI, 2 x 4 as local processes). Each cell:
+median time, ratio to the fastest algorithm of that size, and the bytes that cross process
+boundaries per sdp group (from the algorithm's pattern; ``?``: XLA decides). The contenders
+of one size are timed in alternation (collectives.calibrate.measure). ``auto``: its pick
+under the cost model (the calibration cached for this host, or --cost-model) and that
+pick's time over the fastest. Prints markdown.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,81 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ALGOS = ["xla", "ring", "a2a", "hierarchical"]
+# (title, processes, devices per process, spec, under mpiexec)
+CASES = [
+    ("1 process x 8 devices", 1, 8, "1x8", False),
+    ("4 processes x 1 device (mpiexec)", 4, 1, "4x1", True),
+    ("2 processes x 4 devices (mpiexec)", 2, 4, "2x4", True),
+    ("dp=2 x sdp=4 on 4 processes x 2 devices (mpiexec)", 4, 2, "dp=2,sdp=4", True),
+]
+NO_MPI_CASES = [("2 processes x 4 devices (gloo)", 2, 4, "2x4", False)]
 
 
 def _sizes(max_bytes: int) -> list[int]:
     return [1 << k for k in range(10, 40, 2) if 1 << k <= max_bytes]
-
-
-def _reps(nbytes: int) -> int:
-    return 10 if nbytes <= 1 << 20 else 5 if nbytes <= 1 << 24 else 3
-
-
-def worker(process_id: int, nproc: int, port: int, devices: int, algos: list[str],
-           ops: list[str], max_bytes: int) -> None:
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import gc
-
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=process_id,
-                               initialization_timeout=120)
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    import collectives
-    from collectives.timing import median_seconds
-
-    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id))), ("x",))
-    p = mesh.size
-    sharding = NamedSharding(mesh, P("x"))
-    results = []
-    for op in ops:
-        for nbytes in _sizes(max_bytes):
-            n = nbytes // 4  # float32 elements per rank
-            per_device = n * (p if op == "reduce_scatter" else 1)
-            x = jax.make_array_from_callback((p * per_device,), sharding,
-                                             lambda idx: np.ones(per_device, np.float32))
-            for algo in algos:
-                fn = getattr(collectives, op)
-                f = jax.jit(jax.shard_map(lambda v: fn(v, "x", algorithm=algo), mesh=mesh,
-                                          in_specs=P("x"), out_specs=P("x")))
-                t = median_seconds(lambda: f(x).block_until_ready(), _reps(nbytes))
-                results.append({"op": op, "bytes": nbytes, "algo": algo, "seconds": t})
-                del f
-                gc.collect()
-            del x
-    if process_id == 0:
-        print("RESULTS " + json.dumps(results), flush=True)
-
-
-def _launch_local(nproc: int, devices: int, algos: list[str], ops: list[str], max_bytes: int):
-    from collectives.timing import launch
-    outs = launch(lambda i, port: [__file__, "--worker", str(i), str(nproc), str(port),
-                                   "--devices", str(devices), "--algos", ",".join(algos),
-                                   "--ops", ",".join(ops), "--max-bytes", str(max_bytes)],
-                  nproc, timeout=3600)
-    return _parse(outs[0])
-
-
-def _launch_mpi(nproc: int, algos: list[str], ops: list[str], max_bytes: int):
-    from collectives.timing import free_port
-    from collectives.ffi.build import find_mpiexec
-    mpiexec = find_mpiexec() or "mpiexec"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    cmd = [mpiexec, "-n", str(nproc), sys.executable, __file__, "--worker", "mpi", str(nproc),
-           str(free_port()), "--devices", "1", "--algos", ",".join(algos), "--ops", ",".join(ops),
-           "--max-bytes", str(max_bytes)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    if run.returncode:
-        raise RuntimeError(run.stderr[-4000:])
-    return _parse(run.stdout)
-
-
-def _parse(out: str) -> list[dict]:
-    line = next(l for l in out.splitlines() if l.startswith("RESULTS "))
-    return json.loads(line[len("RESULTS "):])
 
 
 def _human(nbytes: int | None) -> str:
@@ -108,60 +45,93 @@ def _human(nbytes: int | None) -> str:
     return f"{nbytes} B"
 
 
-def table(results: list[dict], topo, algos: list[str], models: dict) -> str:
-    from collectives import auto, cost_model
-    head = ["op", "bytes/rank"] + [f"{a} ms (x-proc bytes)" for a in algos]
-    head += [f"auto ({name})" for name in models]
+def table(results: list[dict], model) -> tuple[str, list[float]]:
+    """Markdown table and auto's ratios to the fastest algorithm, one per row."""
+    from collectives import Topology, auto, cost_model
+    algos = list(dict.fromkeys(r["algo"] for r in results))
+    head = ["op", "bytes/rank"] + [f"{a} ms (x best, x-proc bytes)" for a in algos] + ["auto"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = sorted({(r["op"], r["bytes"]) for r in results}, key=lambda k: (k[0], k[1]))
-    for op, nbytes in keys:
-        times = {r["algo"]: r["seconds"] for r in results if (r["op"], r["bytes"]) == (op, nbytes)}
-        base = times.get("xla")
+    ratios = []
+    for op, nbytes, topo in dict.fromkeys((r["op"], r["bytes"], r["topo"]) for r in results):
+        times = {r["algo"]: r["seconds"] for r in results
+                 if (r["op"], r["bytes"]) == (op, nbytes)}
+        best = min(times.values())
+        hosts, per_host = map(int, topo.split("x"))
+        t = Topology(hosts, per_host)
         cells = [op, _human(nbytes)]
         for a in algos:
-            ratio = f", {times[a] / base:.2f}x" if base and a != "xla" else ""
-            xb = cost_model.cross_host_bytes(a, nbytes, topo)
-            cells.append(f"{times[a] * 1e3:.3f}{ratio} ({_human(xb)})")
-        for name, model in models.items():
-            pick = auto.choose(nbytes, topo, model)
-            ratio = f"{times[pick] / base:.2f}x" if base and pick in times else "n/a"
-            cells.append(f"{pick} ({ratio})")
+            xb = cost_model.cross_host_bytes(a, nbytes, t)
+            cells.append(f"{times[a] * 1e3:.3f} ({times[a] / best:.2f}x, {_human(xb)})")
+        d = auto.decide(nbytes, t, model, op=op, ffi="ffi" in times)
+        ratios.append(times[d.pick] / best)
+        cells.append(f"{d.pick} ({ratios[-1]:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines), ratios
+
+
+def plot(tables: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ops = ["all_gather", "reduce_scatter"]
+    fig, axes = plt.subplots(len(ops), len(tables), figsize=(4.5 * len(tables), 7),
+                             squeeze=False)
+    for col, (title, results) in enumerate(tables.items()):
+        for row, op in enumerate(ops):
+            ax = axes[row][col]
+            for a in dict.fromkeys(r["algo"] for r in results):
+                pts = sorted((r["bytes"], r["seconds"]) for r in results
+                             if r["algo"] == a and r["op"] == op)
+                ax.loglog([b for b, _ in pts], [s * 1e3 for _, s in pts], marker="o", label=a)
+            ax.set_title(f"{op}\n{title}", fontsize=8)
+            ax.set_xlabel("bytes per rank")
+            ax.set_ylabel("ms")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", nargs=3)
-    parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--algos", default=",".join(ALGOS))
-    parser.add_argument("--ops", default="all_gather,reduce_scatter")
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--max-rs-bytes", type=int, default=16 << 20,
                         help="reduce-scatter inputs are p x larger: cap them for memory")
-    parser.add_argument("--cost-model", type=Path, help="calibrated CostModel JSON for auto")
-    parser.add_argument("--ffi", action="store_true", help="also run the MPI FFI table")
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--cost-model", type=Path, help="CostModel JSON for auto "
+                        "(default: the calibration cached for this host)")
+    parser.add_argument("--only", help="run only the cases whose title contains this")
+    parser.add_argument("--plot", type=Path, help="write a plot of every table here")
     args = parser.parse_args()
-    algos, ops = args.algos.split(","), args.ops.split(",")
-    if args.worker:
-        pid, nproc, port = args.worker
-        pid = int(os.environ.get("PMI_RANK", 0)) if pid == "mpi" else int(pid)
-        return worker(pid, int(nproc), int(port), args.devices, algos, ops, args.max_bytes)
 
-    from collectives import CostModel, Topology
-    models = {"p4d model": CostModel.p4d()}
-    if args.cost_model:
-        models["calibrated"] = CostModel.load(args.cost_model)
-    results = _launch_local(2, 4, ALGOS, ["all_gather"], args.max_bytes)
-    if "reduce_scatter" in ops:
-        results += _launch_local(2, 4, ALGOS, ["reduce_scatter"], args.max_rs_bytes)
-    print("### 2 processes x 4 CPU devices (gloo between processes)\n")
-    print(table(results, Topology(2, 4), ALGOS, models))
-    if args.ffi:
-        ffi_algos = ["xla", "a2a", "ffi"]
-        res = _launch_mpi(4, ffi_algos, ops, args.max_rs_bytes)
-        print("\n### 4 processes x 1 CPU device under mpiexec (ffi = MPI custom call)\n")
-        print(table(res, Topology(4, 1), ffi_algos, {}))
+    from collectives import CostModel, calibrate
+    from collectives.auto import resolve
+    from collectives.ffi.build import BuildError, find_mpi, find_mpiexec
+    model, why = resolve(CostModel.load(args.cost_model) if args.cost_model else None)
+    try:
+        mpi = find_mpiexec() is not None and bool(find_mpi())
+    except BuildError:
+        mpi = False
+    cases = [c for c in (CASES if mpi else CASES[:1] + NO_MPI_CASES)
+             if not args.only or args.only in c[0]]
+    print(f"auto's cost model: {why}\n")
+    tables, worst = {}, []
+    for title, processes, devices, spec, under_mpi in cases:
+        algos = ALGOS
+        results = calibrate.run(processes, devices, [spec], ops=["all_gather"],
+                                sizes=_sizes(args.max_bytes), reps=args.reps, mpi=under_mpi,
+                                algos=algos)
+        results += calibrate.run(processes, devices, [spec], ops=["reduce_scatter"],
+                                 sizes=_sizes(args.max_rs_bytes), reps=args.reps,
+                                 mpi=under_mpi, algos=algos)
+        text, ratios = table(results, model)
+        tables[title] = results
+        worst.append((max(ratios), title))
+        print(f"### {title}\n\n{text}\n", flush=True)
+    print("auto's worst ratio to the fastest algorithm per table: "
+          + ", ".join(f"{title}: {r:.2f}x" for r, title in worst))
+    if args.plot:
+        plot(tables, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

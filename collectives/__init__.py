@@ -3,17 +3,18 @@
 This package does not import ``jaxsmp``. ``jaxsmp`` calls :func:`all_gather` and
 :func:`reduce_scatter` for the sharded-data-parallel parameter gather and
 gradient reduce-scatter, selecting an algorithm by name (``xla``, ``ring``, ``a2a``,
-``hierarchical``, ``ffi`` or ``auto``).
+``hierarchical``, ``ffi`` or ``auto``). What they read besides their arguments (the mesh,
+the cost model, the ffi timeout) comes from a ``with collectives.scope(...)`` block.
 """
-from collectives.api import (ALGORITHMS, all_gather, axis_topology, reduce_scatter,
-                             set_topology_mesh)
-from collectives.auto import choose, explain
+from collectives.api import ALGORITHMS, all_gather, axis_topology, reduce_scatter
+from collectives.auto import choose, decide, explain
 from collectives.bucketing import all_gather_tree, reduce_scatter_tree
-from collectives.cost_model import CostModel, cross_host_bytes, set_cost_model
+from collectives.cost_model import CostModel, cross_host_bytes
+from collectives.context import Scope, scope
 from collectives.topology import Topology
 
 __all__ = [
-    "ALGORITHMS", "CostModel", "Topology", "all_gather", "all_gather_tree", "axis_topology",
-    "choose", "cross_host_bytes", "explain", "reduce_scatter", "reduce_scatter_tree",
-    "set_cost_model", "set_topology_mesh",
+    "ALGORITHMS", "CostModel", "Scope", "Topology", "all_gather", "all_gather_tree",
+    "axis_topology", "choose", "cross_host_bytes", "decide", "explain", "reduce_scatter",
+    "reduce_scatter_tree", "scope",
 ]

@@ -8,6 +8,7 @@ import jax
 
 from collectives import a2a, auto, hierarchical, ring, xla
 from collectives.layout import AxisName, axis_size
+from collectives.context import current
 from collectives.topology import Topology
 
 # (x, axis_name, axis, topology) -> array, where topology describes the ranks of axis_name.
@@ -49,26 +50,20 @@ def _lookup(algorithm: str) -> tuple[Collective, Collective]:
         ) from None
 
 
-_topology_mesh: jax.sharding.Mesh | None = None
-
-
-def set_topology_mesh(mesh: jax.sharding.Mesh | None) -> None:
-    """Read host groupings of axes from ``mesh`` (its devices' ``process_index``) when no
-    ``topology`` is passed, e.g. ``sdp`` with ``tp`` inside a host. None: back to defaults."""
-    global _topology_mesh
-    _topology_mesh = mesh
+def _names(axis_name: AxisName) -> tuple[str, ...]:
+    return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
 
 
 def axis_topology(axis_name: AxisName, topology: Topology | None = None) -> Topology:
     """Topology of the ranks of ``axis_name`` (inside shard_map): hosts x ranks per host.
 
-    Without ``topology``: from the mesh given to :func:`set_topology_mesh` if it has these
-    axes, else :meth:`Topology.from_devices` (one host per JAX process) with consecutive
-    ranks of the axis filling a host first. Only speed depends on it, never results.
+    Without ``topology``: from the mesh of :func:`collectives.scope` if it has these axes,
+    else :meth:`Topology.from_devices` (one host per JAX process) with consecutive ranks of
+    the axis filling a host first. Only speed depends on it, never results.
     """
     p = axis_size(axis_name)
-    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    mesh = _topology_mesh
+    names = _names(axis_name)
+    mesh = current().mesh
     if topology is None and mesh is not None and set(names) <= set(mesh.axis_names):
         return _mesh_axis_topology(mesh, names)
     g = (topology or Topology.from_devices()).group_size(p)
@@ -80,8 +75,12 @@ def _mesh_axis_topology(mesh: jax.sharding.Mesh, names: tuple[str, ...]) -> Topo
     return Topology.for_mesh_axis(mesh, names)
 
 
-def _resolve(algorithm: str, nbytes: int, topo: Topology) -> str:
-    return auto.choose(nbytes, topo) if algorithm == "auto" else algorithm
+def _resolve(algorithm: str, op: str, nbytes: int, topo: Topology, axis_name: AxisName) -> str:
+    if algorithm != "auto":
+        return algorithm
+    from collectives.ffi.mpi_env import usable
+    ffi_ok, _ = usable(current().mesh, _names(axis_name))
+    return auto.choose(nbytes, topo, op=op, ffi=ffi_ok)
 
 
 def all_gather(x: jax.Array, axis_name: AxisName, *, axis: int = 0,
@@ -91,7 +90,7 @@ def all_gather(x: jax.Array, axis_name: AxisName, *, axis: int = 0,
     Differentiable: the gradient is the matching reduce-scatter of the same algorithm.
     """
     topo = axis_topology(axis_name, topology)
-    name = _resolve(algorithm, x.size * x.dtype.itemsize, topo)
+    name = _resolve(algorithm, "all_gather", x.size * x.dtype.itemsize, topo, axis_name)
     return _lookup(name)[0](x, axis_name, axis % x.ndim, topo)
 
 
@@ -102,5 +101,6 @@ def reduce_scatter(x: jax.Array, axis_name: AxisName, *, axis: int = 0,
     Differentiable: the gradient is the matching all-gather of the same algorithm.
     """
     topo = axis_topology(axis_name, topology)
-    name = _resolve(algorithm, x.size * x.dtype.itemsize // topo.size, topo)
+    name = _resolve(algorithm, "reduce_scatter", x.size * x.dtype.itemsize // topo.size, topo,
+                    axis_name)
     return _lookup(name)[1](x, axis_name, axis % x.ndim, topo)

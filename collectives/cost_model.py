@@ -1,20 +1,37 @@
-"""Alpha-beta cost model of the collective algorithms on a two-level topology.
+"""What a collective costs: measured times where calibrated, an alpha-beta model elsewhere.
 
-A message of ``b`` bytes over a link costs ``alpha + b / bandwidth``. Inside a host each
-device has its own link (``bw_intra``, e.g. NVLink); across hosts all devices of a host
-share the host's network bandwidth (``bw_inter``, e.g. EFA). Sizes are per-rank shard
-bytes ``n`` (the all-gather input, the reduce-scatter output); all-gather and
-reduce-scatter move the same bytes in mirrored order, so they share one model.
+Alpha-beta: a message of ``b`` bytes over a link costs ``alpha + b / bandwidth``. Inside a
+host each device has its own link (``bw_intra``, e.g. NVLink); across hosts all devices of
+a host share the host's network bandwidth (``bw_inter``, e.g. EFA). Sizes are per-rank
+shard bytes ``n`` (the all-gather input, the reduce-scatter output).
+
+Measured: ``measured[op]["HxG"][algorithm]`` holds ``(bytes, seconds)`` points from
+``python -m collectives.calibrate`` for a topology of H hosts x G devices; predictions
+interpolate them (log-log), and beyond the largest size scale linearly with bytes. Each
+algorithm's time relative to ``xla`` is first smoothed by a median over three neighbouring
+sizes: algorithms cross over once as size grows, so a lone win or loss between two sizes
+that say otherwise is a disturbed measurement (a shared machine), not a crossover.
+``extrapolate`` says whether topologies that were not measured may use the alpha-beta
+model (true for GPUs, whose links it describes; false on CPU, where XLA's collectives are
+thread rendezvous and memory copies that it does not rank correctly).
 """
 from __future__ import annotations
 
+import bisect
 import json
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from collectives.topology import Topology
 
 MODELED = ("xla", "ring", "a2a", "hierarchical")
+OPS = ("all_gather", "reduce_scatter")
+Points = list[tuple[int, float]]
+
+
+def topology_key(topo: Topology) -> str:
+    return f"{topo.hosts}x{topo.devices_per_host}"
 
 
 @dataclass(frozen=True)
@@ -24,20 +41,28 @@ class CostModel:
     alpha_inter: float  # seconds per message across hosts
     bw_inter: float     # bytes/s per host across hosts
     source: str = "given"
+    bw_host: float = 25e9  # bytes/s device <-> pinned host memory (the ffi CUDA staging)
+    extrapolate: bool = True
+    measured: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def p4d(cls) -> "CostModel":
-        """p4d-class node: NVLink ~300 GB/s per GPU, 400 Gbps EFA per node."""
+        """Public constants of a p4d-class node: NVLink ~300 GB/s per GPU, 400 Gb/s EFA per
+        node, PCIe gen4 x16 ~25 GB/s to host memory. Not measured here."""
         return cls(alpha_intra=5e-6, bw_intra=300e9, alpha_inter=20e-6, bw_inter=400e9 / 8,
-                   source="p4d defaults")
+                   source="public constants (p4d: NVLink 300 GB/s, EFA 400 Gb/s), not calibrated")
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(asdict(self), indent=2))
+        Path(path).write_text(json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
         return cls(**json.loads(Path(path).read_text()))
+
+    def measured_algorithms(self, op: str, topo: Topology) -> dict[str, Points]:
+        """The calibrated curves for ``op`` on ``topo`` (empty if not calibrated)."""
+        return self.measured.get(op, {}).get(topology_key(topo), {})
 
     def _round(self, intra_bytes: float, inter_host_bytes: float, hosts: int) -> float:
         """One round where each device sends ``intra_bytes`` in-host and each host
@@ -47,8 +72,8 @@ class CostModel:
             t = max(t, self.alpha_inter + inter_host_bytes / self.bw_inter)
         return t
 
-    def predict(self, algorithm: str, nbytes: int, topo: Topology) -> float:
-        """Predicted seconds for one all-gather (or reduce-scatter) of ``nbytes`` per rank."""
+    def model(self, algorithm: str, nbytes: int, topo: Topology) -> float:
+        """Alpha-beta seconds for one all-gather (or reduce-scatter) of ``nbytes`` per rank."""
         h, g = topo.hosts, topo.devices_per_host
         p = h * g
         if p == 1:
@@ -58,10 +83,23 @@ class CostModel:
             return (p - 1) * step
         if algorithm == "a2a":
             return self._round((g - 1) * nbytes, g * (p - g) * nbytes, h)
-        if algorithm == "hierarchical":
+        if algorithm in ("hierarchical", "ffi"):
             across = self._round(0, g * (h - 1) * nbytes, h)
+            if algorithm == "ffi" and h > 1:  # MPI on host buffers: stage in and out
+                across += (nbytes + h * nbytes) / self.bw_host
             return across + self._round((g - 1) * h * nbytes, 0, h)
         raise ValueError(f"no cost model for algorithm {algorithm!r}")
+
+    def predict(self, algorithm: str, nbytes: int, topo: Topology,
+                op: str = "all_gather") -> float | None:
+        """Seconds for ``op`` of ``nbytes`` per rank: measured if calibrated for this
+        topology, else the alpha-beta model if ``extrapolate``, else None (unknown)."""
+        curves = self.measured_algorithms(op, topo)
+        if algorithm in curves:
+            return interpolate(smoothed(curves, algorithm), nbytes)
+        if curves or not self.extrapolate:
+            return None
+        return self.model(algorithm, nbytes, topo)
 
     def all_reduce(self, algorithm: str, nbytes: float, topo: Topology) -> float:
         """Predicted seconds for one all-reduce of an ``nbytes`` buffer on every rank: a
@@ -82,6 +120,35 @@ class CostModel:
         return replace(self, bw_inter=self.bw_inter / groups)
 
 
+def smoothed(curves: dict[str, Points], algorithm: str) -> Points:
+    """``algorithm``'s points with its ratio to ``xla`` replaced by the median of that ratio
+    at the size and its two neighbours (the ends keep theirs); as measured without xla."""
+    if "xla" not in curves or algorithm == "xla":
+        return sorted(curves[algorithm])
+    base = dict(curves["xla"])
+    points = sorted((b, t) for b, t in curves[algorithm] if b in base)
+    ratios = [t / base[b] for b, t in points]
+    out = []
+    for i, (b, _) in enumerate(points):
+        window = ratios[max(i - 1, 0):i + 2] if 0 < i < len(points) - 1 else [ratios[i]]
+        out.append((b, base[b] * sorted(window)[len(window) // 2]))
+    return out
+
+
+def interpolate(points: Points, nbytes: int) -> float:
+    """Log-log interpolation of measured ``(bytes, seconds)``; linear in bytes past the end."""
+    points = sorted(points)
+    sizes = [b for b, _ in points]
+    if nbytes <= sizes[0]:
+        return points[0][1]
+    if nbytes >= sizes[-1]:
+        return points[-1][1] * nbytes / sizes[-1]
+    i = bisect.bisect_right(sizes, nbytes)
+    (b0, t0), (b1, t1) = points[i - 1], points[i]
+    w = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+    return math.exp((1 - w) * math.log(t0) + w * math.log(t1))
+
+
 def cross_host_bytes(algorithm: str, nbytes: int, topo: Topology) -> int | None:
     """Bytes that cross host boundaries (summed over hosts) in one collective of
     ``nbytes`` per rank, from the algorithm's pattern; None if XLA decides the pattern."""
@@ -91,24 +158,10 @@ def cross_host_bytes(algorithm: str, nbytes: int, topo: Topology) -> int | None:
         return 0
     if algorithm == "ring":
         return h * (p - 1) * nbytes
-    if algorithm in ("a2a", "ffi"):
+    if algorithm == "a2a":
         return p * (p - g) * nbytes
-    if algorithm == "hierarchical":
+    if algorithm in ("hierarchical", "ffi"):  # ffi: each process sends its g shards once
         return p * (h - 1) * nbytes
     if algorithm == "xla":
         return None
     raise ValueError(f"unknown algorithm {algorithm!r}")
-
-
-_current: CostModel | None = None
-
-
-def set_cost_model(model: CostModel | None) -> None:
-    """Use ``model`` (e.g. ``CostModel.load(...)`` from calibrate) for ``algorithm="auto"``;
-    None restores the p4d defaults."""
-    global _current
-    _current = model
-
-
-def current() -> CostModel:
-    return _current or CostModel.p4d()

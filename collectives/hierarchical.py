@@ -8,6 +8,8 @@ within the host; reduce-scatter first reduces within the host, then across hosts
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -42,22 +44,39 @@ def _group_scatter(blocks: jax.Array, axis_name: AxisName, p: int, stride: int, 
     return acc
 
 
-def _all_gather(x: jax.Array, axis_name: AxisName, axis: int, group: int) -> jax.Array:
+def gather_two_level(x: jax.Array, axis_name: AxisName, axis: int, group: int,
+                     across: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Tiled all-gather: ``across(x)`` stacks the shards of this rank's host position from
+    every host, ``(hosts, *x)`` in host order; then a gather within the host."""
     p = axis_size(axis_name)
-    hosts = p // group
-    across = _group_gather(x, axis_name, p, group, hosts)          # (hosts, *x): same local index
-    within = _group_gather(across, axis_name, p, 1, group)         # (group, hosts, *x)
+    stacked = across(x)                                            # (hosts, *x): same local index
+    within = _group_gather(stacked, axis_name, p, 1, group)        # (group, hosts, *x)
     ranks = jnp.swapaxes(within, 0, 1).reshape((p,) + x.shape)     # rank = host*group + local
     return stack_to_tiled(ranks, axis)
 
 
-def _reduce_scatter(x: jax.Array, axis_name: AxisName, axis: int, group: int) -> jax.Array:
+def scatter_two_level(x: jax.Array, axis_name: AxisName, axis: int, group: int,
+                      across: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Tiled reduce-scatter: a reduction within the host, then ``across(blocks)`` sums
+    ``(hosts, *blk)`` over the hosts, keeping the block of this rank's host."""
     p = axis_size(axis_name)
     hosts = p // group
     blocks = tiled_to_stack(x, p, axis)
     by_local = jnp.swapaxes(blocks.reshape((hosts, group) + blocks.shape[1:]), 0, 1)
     host_sums = _group_scatter(by_local, axis_name, p, 1, group)   # (hosts, *blk), summed in host
-    return _group_scatter(host_sums, axis_name, p, group, hosts)
+    return across(host_sums)
+
+
+def _all_gather(x: jax.Array, axis_name: AxisName, axis: int, group: int) -> jax.Array:
+    p = axis_size(axis_name)
+    return gather_two_level(x, axis_name, axis, group,
+                            lambda v: _group_gather(v, axis_name, p, group, p // group))
+
+
+def _reduce_scatter(x: jax.Array, axis_name: AxisName, axis: int, group: int) -> jax.Array:
+    p = axis_size(axis_name)
+    return scatter_two_level(x, axis_name, axis, group,
+                             lambda v: _group_scatter(v, axis_name, p, group, p // group))
 
 
 _gather, _scatter = transpose_pair(_all_gather, _reduce_scatter)

@@ -1,26 +1,13 @@
-"""Timing of jitted collectives and launching of N local JAX processes (calibrate, bench)."""
+"""Launching N local JAX processes (calibrate, bench, tests) on free localhost ports."""
 from __future__ import annotations
 
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Callable, Sequence
-
-
-def median_seconds(fn: Callable[[], object], reps: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` (which must block until its result is ready)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def free_port() -> int:

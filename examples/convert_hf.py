@@ -52,10 +52,9 @@ def load_jaxsmp(src: Path, mesh):
     import orbax.checkpoint as ocp
     from flax import nnx
     from jaxsmp import hf
-    from jaxsmp.hf.load import abstract_params
-    from jaxsmp.train.state import state_shardings
+    from jaxsmp.train.state import abstract_params, state_shardings
     _, config = hf.load_config(src)
-    _, abstract = abstract_params(config, mesh)
+    _, abstract = abstract_params(config.build, mesh)
     target = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
                           nnx.to_pure_dict(abstract),
                           nnx.to_pure_dict(state_shardings(abstract, mesh)))

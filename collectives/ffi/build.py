@@ -1,4 +1,11 @@
-"""Compile ``mpi_collectives.cc`` once into a cache directory keyed by a hash of its inputs."""
+"""Compile the MPI collectives once into a cache directory keyed by a hash of their inputs.
+
+CPU build: ``mpi_collectives.cc`` with g++ (``$CXX``). CUDA build: the same file plus
+``mpi_collectives_cuda.cu`` with nvcc (``$NVCC``, else ``nvcc`` on PATH or in
+``$CUDA_HOME/bin``), for the GPU architectures in ``$JAXSMP_CUDA_ARCHS`` (default 80,90).
+Both link the MPI found by :func:`find_mpi` (``$MPI_HOME`` first: point it at a site's
+CUDA-aware MPI).
+"""
 from __future__ import annotations
 
 import fcntl
@@ -13,10 +20,16 @@ from pathlib import Path
 import jax
 
 SOURCE = Path(__file__).with_name("mpi_collectives.cc")
+CUDA_SOURCE = Path(__file__).with_name("mpi_collectives_cuda.cu")
+HEADER = Path(__file__).with_name("mpi_common.h")
 
 
 class BuildError(RuntimeError):
     """No compiler or no MPI installation, or the compile failed."""
+
+
+class NoCudaCompiler(BuildError):
+    """No nvcc: the CUDA handlers cannot be built on this machine."""
 
 
 def cache_dir() -> Path:
@@ -53,18 +66,43 @@ def find_mpiexec() -> str | None:
     return None
 
 
-def _command(cxx: str, inc: Path, lib: Path, out: Path) -> list[str]:
-    return [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(out), str(SOURCE),
-            f"-I{jax.ffi.include_dir()}", f"-I{inc}", f"-L{lib}", "-lmpi", f"-Wl,-rpath,{lib}"]
+def find_nvcc() -> str:
+    """nvcc from ``$NVCC``, PATH or ``$CUDA_HOME/bin``. (The nvidia-cuda-nvcc wheels ship
+    ptxas, not nvcc; the CUDA toolkit is needed to build the CUDA handlers.)"""
+    wanted = os.environ.get("NVCC")
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = shutil.which(wanted) if wanted else (shutil.which("nvcc")
+                                                 or shutil.which("nvcc", path=f"{home}/bin"))
+    if not nvcc:
+        raise NoCudaCompiler("no nvcc found (PATH, $NVCC, $CUDA_HOME/bin): install the CUDA "
+                             "toolkit to build the CUDA handlers of the ffi collectives")
+    return nvcc
 
 
-def library_path() -> Path:
-    """Path of the compiled library, compiling it on first use (safe across processes)."""
-    cxx = find_compiler()
+def _archs() -> list[str]:
+    archs = os.environ.get("JAXSMP_CUDA_ARCHS", "80,90").split(",")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    ptx = f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"  # JIT for newer GPUs
+    return flags + [ptx]
+
+
+def _command(cuda: bool, inc: Path, lib: Path, out: Path) -> list[str]:
+    common = ["-O2", "-std=c++17", "-shared", "-o", str(out), str(SOURCE),
+              f"-I{jax.ffi.include_dir()}", f"-I{inc}", f"-L{lib}", "-lmpi"]
+    if cuda:
+        return [find_nvcc(), *common, str(CUDA_SOURCE), "-Xcompiler", "-fPIC", *_archs(),
+                "-Xlinker", f"-rpath,{lib}"]
+    return [find_compiler(), *common, "-fPIC", f"-Wl,-rpath,{lib}"]
+
+
+def library_path(cuda: bool = False) -> Path:
+    """Path of the compiled library (with the CUDA handlers if ``cuda``), compiling it on
+    first use (safe across processes)."""
     inc, lib = find_mpi()
-    probe = _command(cxx, inc, lib, Path("OUT"))
-    key = hashlib.sha256(SOURCE.read_bytes() + "\0".join(probe).encode()).hexdigest()[:16]
-    out = cache_dir() / f"mpi_collectives-{key}.so"
+    probe = _command(cuda, inc, lib, Path("OUT"))
+    sources = b"".join(f.read_bytes() for f in [SOURCE, HEADER] + ([CUDA_SOURCE] if cuda else []))
+    key = hashlib.sha256(sources + "\0".join(probe).encode()).hexdigest()[:16]
+    out = cache_dir() / f"mpi_collectives{'_cuda' if cuda else ''}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -72,8 +110,9 @@ def library_path() -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compiler per machine; others wait and reuse
         if not out.exists():
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
-            run = subprocess.run(_command(cxx, inc, lib, tmp), capture_output=True, text=True)
+            run = subprocess.run(_command(cuda, inc, lib, tmp), capture_output=True, text=True)
             if run.returncode:
-                raise BuildError(f"compiling {SOURCE.name} failed:\n{run.stderr}")
+                raise BuildError(f"compiling the {'CUDA' if cuda else 'CPU'} MPI collectives "
+                                 f"failed:\n{run.stderr[-6000:]}")
             os.replace(tmp, out)
     return out

@@ -1,75 +1,20 @@
-// All-gather and reduce-scatter between MPI processes as XLA FFI handlers (CPU).
+// All-gather and reduce-scatter between MPI processes as XLA FFI handlers (CPU buffers),
+// and the C functions Python calls to initialise MPI and create the channels.
 //
-// Pattern: direct all-to-all. Every rank posts MPI_Irecv_c from and MPI_Isend_c to every
-// peer at once (tagged per call site, so concurrently running calls never mix), copies
-// its own block locally and waits for all. Blocks are the rows of the leading dimension:
-// all-gather sends its whole input to each peer; reduce-scatter sends input block j to
-// rank j and sums the p received blocks in rank order.
-#include <mpi.h>
+// Pattern: direct all-to-all inside one channel (see mpi_common.h). Every rank posts
+// MPI_Irecv_c from and MPI_Isend_c to every peer at once, tagged per call site, copies its
+// own block locally and waits for all (with a timeout) on a worker thread of its own, while
+// the handler returns a future to XLA (see Workers below). Blocks are the rows of the leading
+// dimension: all-gather sends its whole input to each peer; reduce-scatter sends input
+// block j to rank j and sums the received blocks in rank order.
+#include <condition_variable>
+#include <deque>
+#include <functional>
 
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <vector>
+#include "mpi_common.h"
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
-
+namespace jaxsmp {
 namespace {
-
-MPI_Comm g_comm = MPI_COMM_NULL;  // private duplicate of MPI_COMM_WORLD
-
-ffi::Error MpiError(int code, const std::string& what) {
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(code, text, &len);
-  return ffi::Error(ffi::ErrorCode::kInternal, what + ": " + std::string(text, len));
-}
-
-ffi::Error CheckReady(int32_t expected_rank, int* rank, int* size) {
-  if (g_comm == MPI_COMM_NULL) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "MPI not initialised: call jaxsmp_mpi_init() first");
-  }
-  MPI_Comm_rank(g_comm, rank);
-  MPI_Comm_size(g_comm, size);
-  if (expected_rank >= 0 && expected_rank != *rank) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "mesh axis index " + std::to_string(expected_rank) + " != MPI rank " +
-                          std::to_string(*rank) +
-                          ": order the mesh devices by MPI rank (process_id = rank)");
-  }
-  return ffi::Error::Success();
-}
-
-// For every peer j: send send_block(j) (block_bytes) and receive into recv + j * block_bytes.
-template <typename SendBlock>
-ffi::Error Exchange(SendBlock send_block, size_t block_bytes, char* recv, int rank, int size,
-                    int tag) {
-  std::vector<MPI_Request> requests;
-  requests.reserve(2 * size);
-  for (int j = 0; j < size; ++j) {
-    if (j == rank) continue;
-    MPI_Request r;
-    int rc = MPI_Irecv_c(recv + j * block_bytes, static_cast<MPI_Count>(block_bytes), MPI_BYTE,
-                         j, tag, g_comm, &r);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Irecv_c");
-    requests.push_back(r);
-  }
-  for (int k = 1; k < size; ++k) {  // staggered start: rank r sends to r+1 first
-    int j = (rank + k) % size;
-    MPI_Request r;
-    int rc = MPI_Isend_c(send_block(j), static_cast<MPI_Count>(block_bytes), MPI_BYTE, j, tag,
-                         g_comm, &r);
-    if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Isend_c");
-    requests.push_back(r);
-  }
-  std::memcpy(recv + rank * block_bytes, send_block(rank), block_bytes);
-  int rc = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-  if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Waitall");
-  return ffi::Error::Success();
-}
 
 float Bf16ToFloat(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -108,6 +53,14 @@ void SumBf16(const char* blocks, int size, size_t n, char* out) {
   }
 }
 
+ffi::Error Unsupported(ffi::DataType type) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    "ffi reduce-scatter: unsupported element type " +
+                        std::to_string(static_cast<int>(type)));
+}
+
+}  // namespace
+
 ffi::Error Sum(ffi::DataType type, const char* blocks, int size, size_t n, char* out) {
   switch (type) {
     case ffi::DataType::F32: SumBlocks<float>(blocks, size, n, out); break;
@@ -122,66 +75,152 @@ ffi::Error Sum(ffi::DataType type, const char* blocks, int size, size_t n, char*
     case ffi::DataType::U16: SumBlocks<uint16_t>(blocks, size, n, out); break;
     case ffi::DataType::U32: SumBlocks<uint32_t>(blocks, size, n, out); break;
     case ffi::DataType::U64: SumBlocks<uint64_t>(blocks, size, n, out); break;
-    default:
-      return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                        "reduce-scatter: unsupported element type " +
-                            std::to_string(static_cast<int>(type)));
+    default: return Unsupported(type);
   }
   return ffi::Error::Success();
 }
 
-ffi::Error AllGatherImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> expected_rank,
-                         ffi::Result<ffi::AnyBuffer> out, int64_t tag) {
-  int rank, size;
-  if (auto e = CheckReady(expected_rank.typed_data()[0], &rank, &size); e.failure()) return e;
-  size_t block = x.size_bytes();
-  if (out->size_bytes() != block * size) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "all-gather: output is not world x input");
+
+namespace {
+
+void HostCopy(char* dst, const char* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// Threads that wait for MPI so that XLA's threads do not: XLA:CPU runs independent thunks in
+// whatever order its (small) thread pool reaches them, so a handler that blocked could hold
+// the thread another process's peer needs for one of XLA's own collectives first. Every
+// queued task has a waiting worker of its own (one is started when none is free), so no
+// task ever waits behind another.
+class Workers {
+ public:
+  void Submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+    if (waiting_ >= tasks_.size()) {
+      ready_.notify_one();
+    } else {
+      std::thread([this] { Loop(); }).detach();
+    }
   }
-  const char* send = static_cast<const char*>(x.untyped_data());
-  return Exchange([&](int) { return send; }, block, static_cast<char*>(out->untyped_data()),
-                  rank, size, static_cast<int>(tag));
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ++waiting_;
+      ready_.wait(lock, [this] { return !tasks_.empty(); });
+      --waiting_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> tasks_;
+  size_t waiting_ = 0;
+};
+
+Workers& workers() {
+  static Workers* w = new Workers();  // never destroyed: detached threads use it
+  return *w;
 }
 
-ffi::Error ReduceScatterImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> expected_rank,
-                             ffi::Result<ffi::AnyBuffer> out, int64_t tag) {
+// Run `exchange` (returning ffi::Error) on a worker; the future completes with its result.
+template <typename F>
+ffi::Future Async(F exchange) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  workers().Submit([promise, exchange = std::move(exchange)]() mutable {
+    ffi::Error e = exchange();
+    if (e.failure()) {
+      promise.SetError(std::move(e));
+    } else {
+      promise.SetAvailable();
+    }
+  });
+  return future;
+}
+
+ffi::Future Failed(ffi::Error e) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(e));
+  return future;
+}
+
+ffi::Future AllGatherImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                          ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
+                          std::string_view site) {
+  Call call{"all_gather", std::string(site), tag, timeout_ms};
+  const Channel* channel;
   int rank, size;
-  if (auto e = CheckReady(expected_rank.typed_data()[0], &rank, &size); e.failure()) return e;
-  size_t block = out->size_bytes();
-  if (x.size_bytes() != block * size) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "reduce-scatter: input is not world x output");
+  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) {
+    return Failed(std::move(e));
+  }
+  size_t block = x.size_bytes();
+  if (auto e = CheckSizes(call, block, out->size_bytes(), size); e.failure()) {
+    return Failed(std::move(e));
   }
   const char* send = static_cast<const char*>(x.untyped_data());
-  std::vector<char> received(block * size);
-  if (auto e = Exchange([&](int j) { return send + j * block; }, block, received.data(), rank,
-                        size, static_cast<int>(tag));
-      e.failure()) {
-    return e;
+  char* recv = static_cast<char*>(out->untyped_data());
+  return Async([=] {
+    return Exchange(call, *channel, rank, size, [&](int) { return send; }, block, recv,
+                    HostCopy);
+  });
+}
+
+ffi::Future ReduceScatterImpl(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> where,
+                              ffi::Result<ffi::AnyBuffer> out, int64_t tag, int64_t timeout_ms,
+                              std::string_view site) {
+  Call call{"reduce_scatter", std::string(site), tag, timeout_ms};
+  const Channel* channel;
+  int rank, size;
+  if (auto e = Resolve(where.typed_data(), call, &channel, &rank, &size); e.failure()) {
+    return Failed(std::move(e));
   }
-  return Sum(x.element_type(), received.data(), size, out->element_count(),
-             static_cast<char*>(out->untyped_data()));
+  size_t block = out->size_bytes();
+  if (auto e = CheckSizes(call, block, x.size_bytes(), size); e.failure()) {
+    return Failed(std::move(e));
+  }
+  const char* send = static_cast<const char*>(x.untyped_data());
+  char* result = static_cast<char*>(out->untyped_data());
+  ffi::DataType type = x.element_type();
+  size_t count = out->element_count();
+  return Async([=] {
+    std::vector<char> received(block * size);
+    if (auto e = Exchange(call, *channel, rank, size, [&](int j) { return send + j * block; },
+                          block, received.data(), HostCopy);
+        e.failure()) {
+      return e;
+    }
+    return Sum(type, received.data(), size, count, result);
+  });
 }
 
 }  // namespace
+}  // namespace jaxsmp
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsmpMpiAllGather, AllGatherImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("tag"));
+#define JAXSMP_BIND                       \
+  ::xla::ffi::Ffi::Bind()                 \
+      .Arg<::xla::ffi::AnyBuffer>()       \
+      .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>() \
+      .Ret<::xla::ffi::AnyBuffer>()       \
+      .Attr<int64_t>("tag")               \
+      .Attr<int64_t>("timeout_ms")        \
+      .Attr<std::string_view>("site")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsmpMpiReduceScatter, ReduceScatterImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("tag"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsmpMpiAllGather, jaxsmp::AllGatherImpl, JAXSMP_BIND);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxsmpMpiReduceScatter, jaxsmp::ReduceScatterImpl, JAXSMP_BIND);
 
 extern "C" {
 
 // Initialise MPI (thread-multiple) once; returns 0 on success.
 int jaxsmp_mpi_init() {
+  using namespace jaxsmp;
+  std::lock_guard<std::mutex> lock(g_mutex);
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -189,19 +228,26 @@ int jaxsmp_mpi_init() {
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return 1;
     if (provided < MPI_THREAD_MULTIPLE) return 2;
   }
-  if (g_comm == MPI_COMM_NULL && MPI_Comm_dup(MPI_COMM_WORLD, &g_comm) != MPI_SUCCESS) return 3;
+  if (g_world == MPI_COMM_NULL && MPI_Comm_dup(MPI_COMM_WORLD, &g_world) != MPI_SUCCESS) return 3;
+  if (g_split_parent == MPI_COMM_NULL &&
+      MPI_Comm_dup(MPI_COMM_WORLD, &g_split_parent) != MPI_SUCCESS) {
+    return 3;
+  }
+  // errors come back to the handlers (and into XLA's error), not MPI's abort
+  MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(g_split_parent, MPI_ERRORS_RETURN);
   return 0;
 }
 
 int jaxsmp_mpi_rank() {
   int r = -1;
-  if (g_comm != MPI_COMM_NULL) MPI_Comm_rank(g_comm, &r);
+  if (jaxsmp::g_world != MPI_COMM_NULL) MPI_Comm_rank(jaxsmp::g_world, &r);
   return r;
 }
 
 int jaxsmp_mpi_size() {
   int s = -1;
-  if (g_comm != MPI_COMM_NULL) MPI_Comm_size(g_comm, &s);
+  if (jaxsmp::g_world != MPI_COMM_NULL) MPI_Comm_size(jaxsmp::g_world, &s);
   return s;
 }
 
@@ -212,11 +258,53 @@ int jaxsmp_mpi_tag_ub() {
   return flag ? *value : 32767;
 }
 
+// One round of channel creation, collective over the world: this process joins channel
+// ``id`` at rank order ``key`` (id < 0: no channel this round). Returns 0 on success.
+int jaxsmp_mpi_split(int32_t id, int key) {
+  using namespace jaxsmp;
+  MPI_Comm channel_comm;
+  if (MPI_Comm_split(g_split_parent, id < 0 ? MPI_UNDEFINED : id, key, &channel_comm) !=
+      MPI_SUCCESS) {
+    return 1;
+  }
+  if (id < 0) return 0;
+  Channel channel;
+  channel.comm = channel_comm;
+  int size;
+  MPI_Comm_size(channel_comm, &size);
+  MPI_Group group, world;
+  MPI_Comm_group(channel_comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(size);
+  for (int i = 0; i < size; ++i) ranks[i] = i;
+  channel.world_ranks.resize(size);
+  MPI_Group_translate_ranks(group, size, ranks.data(), world, channel.world_ranks.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_channels.count(id)) return 2;
+  g_channels[id] = channel;
+  return 0;
+}
+
+// Broadcast nbytes at buf from world rank root (e.g. the JAX coordinator's address).
+int jaxsmp_mpi_bcast(void* buf, int nbytes, int root) {
+  return MPI_Bcast(buf, nbytes, MPI_BYTE, root, jaxsmp::g_split_parent) == MPI_SUCCESS ? 0 : 1;
+}
+
+int jaxsmp_mpi_barrier() {
+  return MPI_Barrier(jaxsmp::g_split_parent) == MPI_SUCCESS ? 0 : 1;
+}
+
 void jaxsmp_mpi_finalize() {
+  using namespace jaxsmp;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (g_comm != MPI_COMM_NULL) MPI_Comm_free(&g_comm);
+  for (auto& [id, channel] : g_channels) MPI_Comm_free(&channel.comm);
+  g_channels.clear();
+  if (g_world != MPI_COMM_NULL) MPI_Comm_free(&g_world);
+  if (g_split_parent != MPI_COMM_NULL) MPI_Comm_free(&g_split_parent);
   MPI_Finalize();
 }
 

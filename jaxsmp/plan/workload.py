@@ -213,7 +213,7 @@ class Workload:
             def hook(run, x_stack, params, stack_args):
                 out["y"] = run(h, layer, args)
                 return x_stack
-            with layer_context(LayerContext(remat=remat, pipeline=hook)):
+            with layer_context(LayerContext(remat=remat, run_stages=hook)):
                 self._stack(h, *args)
             return out["y"].astype(jnp.float32).sum()
 
@@ -240,7 +240,7 @@ class Workload:
             return x
 
         def forward(state):
-            with layer_context(LayerContext(pipeline=hook)):
+            with layer_context(LayerContext(run_stages=hook)):
                 nnx.merge(graphdef, state)(jnp.zeros((_TRACE_BATCH, _TRACE_SEQ), jnp.int32))
             return captured.pop("args")
         graphdef, state = nnx.split(nnx.eval_shape(lambda: self._traced.build(nnx.Rngs(0))))

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import jax
 from flax import nnx
+
+import collectives
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.mesh import Mesh
@@ -40,11 +42,16 @@ def batch_specs(batch: Any, mesh: Mesh) -> Any:
 
 def shard_map(body: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
     """``body`` manual over ``mesh.manual_axes``; with none (e.g. a ``tp``-only mesh)
-    ``body`` itself, on the global arrays, which GSPMD partitions."""
-    if not mesh.manual_axes:
-        return body
-    return jax.shard_map(body, mesh=mesh.jax_mesh, axis_names=set(mesh.manual_axes),
-                         in_specs=in_specs, out_specs=out_specs)
+    ``body`` itself, on the global arrays, which GSPMD partitions. The collectives
+    traced inside see the mesh (host groups for ``auto``, MPI groups for ``ffi``)."""
+    mapped = body if not mesh.manual_axes else jax.shard_map(
+        body, mesh=mesh.jax_mesh, axis_names=set(mesh.manual_axes), in_specs=in_specs,
+        out_specs=out_specs)
+
+    def run(*args):
+        with collectives.scope(mesh=mesh.jax_mesh):
+            return mapped(*args)
+    return run
 
 
 def _replica_axes(var: nnx.Variable, mesh: Mesh) -> tuple[str, ...]:

@@ -1,11 +1,15 @@
 """Run under ``mpiexec -n N``: the FFI collectives against numpy, one CPU device per process.
 
 Mode ``jit``: independent JAX processes, collectives over MPI_COMM_WORLD under plain jit.
+Mode ``timeout``: rank 1 skips a collective; rank 0 must time out with a clear error.
 Mode ``shard_map``: jax.distributed over the same processes (process_id = MPI rank), a
-mesh of one device per process, the ``ffi`` algorithm inside jax.shard_map.
+mesh of one device per process, the ``ffi`` algorithm inside jax.shard_map; without a mesh
+in ``collectives.scope`` a mesh in another order than the ranks is an error, with it the
+mesh's order holds.
 Prints ``OK <rank>`` on success; any mismatch raises.
 """
 import os
+import re
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
@@ -94,9 +98,43 @@ def run_shard_map(port):
         assert "MPI rank" in str(e), e
     else:
         raise AssertionError("reversed mesh was accepted")
+    # ... while with the mesh in scope its axis order is the channel's rank order
+    with collectives.scope(mesh=reversed_mesh):
+        good = jax.jit(jax.shard_map(
+            lambda v: collectives.all_gather(v[0], "x", axis=1, algorithm="ffi")[None],
+            mesh=reversed_mesh, in_specs=P("x"), out_specs=P("x")))(y)
+    check(good.addressable_shards[0].data[0], expect_gather(g[::-1], 1))
+    # a scope mesh that is not the shard_map's: the channel ranks disagree, and it says so
+    with collectives.scope(mesh=mesh):
+        try:
+            jax.jit(jax.shard_map(  # a new jit: the scope is read when tracing
+                lambda v: collectives.all_gather(v[0], "x", algorithm="ffi")[None],
+                mesh=reversed_mesh, in_specs=P("x"), out_specs=P("x")))(y).block_until_ready()
+        except Exception as e:
+            assert re.search(r"mesh position \d != MPI rank \d in channel", str(e)), e
+        else:
+            raise AssertionError("a scope mesh other than the shard_map's was accepted")
+
+
+def run_timeout():
+    """Rank 0 gathers, rank 1 never does: rank 0 must fail naming the collective and rank 1."""
+    import time
+
+    import collectives
+    if RANK == 0:
+        try:
+            with collectives.scope(timeout=2):
+                jax.jit(lambda v: ops.all_gather(v, None, 0))(jnp.ones(4)).block_until_ready()
+        except Exception as e:  # JaxRuntimeError carrying the handler's message
+            print(f"ERROR {e}", flush=True)
+        else:
+            raise AssertionError("the gather returned without its peer")
+    else:
+        time.sleep(4)
+    ops._lib.jaxsmp_mpi_barrier()
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    run_jit() if mode == "jit" else run_shard_map(sys.argv[2])
+    {"jit": run_jit, "timeout": run_timeout}.get(mode, lambda: run_shard_map(sys.argv[2]))()
     print(f"OK {RANK}", flush=True)

@@ -72,7 +72,7 @@ def test_axis_topology_inside_shard_map():
     assert seen == {"b": Topology(1, 4), "ab": Topology(2, 4), "default": Topology(1, 8)}
 
 
-def test_set_topology_mesh_reads_host_groups_from_devices():
+def test_scope_mesh_gives_host_groups_from_devices_and_ends_with_the_block():
     class Dev:
         def __init__(self, process_index):
             self.process_index = process_index
@@ -87,11 +87,11 @@ def test_set_topology_mesh_reads_host_groups_from_devices():
         seen["dp_sdp"] = collectives.axis_topology(("dp", "sdp"))
         return v
     x = jax.device_put(jnp.zeros(8), NamedSharding(mesh, P(("dp", "sdp", "tp"))))
-    try:
-        collectives.set_topology_mesh(fake)
-        jax.shard_map(f, mesh=mesh, in_specs=P(("dp", "sdp", "tp")),
-                      out_specs=P(("dp", "sdp", "tp")))(x)
-    finally:
-        collectives.set_topology_mesh(None)
+    run = jax.shard_map(f, mesh=mesh, in_specs=P(("dp", "sdp", "tp")),
+                        out_specs=P(("dp", "sdp", "tp")))
+    with collectives.scope(mesh=fake):
+        run(x)
     # hosts of 4 devices, tp innermost: 2 sdp ranks per host; dp goes across hosts
     assert seen == {"sdp": Topology(1, 2), "dp_sdp": Topology(2, 2)}
+    run(x)  # outside the block: one process, so one host
+    assert seen == {"sdp": Topology(1, 2), "dp_sdp": Topology(1, 4)}

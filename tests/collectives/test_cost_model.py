@@ -54,3 +54,14 @@ def test_groups_sharing_a_host_divide_its_network_but_not_its_links():
     assert shared.predict("ring", 1 << 20, TOPO) > m.predict("ring", 1 << 20, TOPO)
     with pytest.raises(ValueError, match="groups"):
         m.sharing_network(0)
+
+
+def test_a_lone_win_between_two_losses_is_smoothed_away():
+    xla = [(1 << 20, 1.0), (4 << 20, 4.0), (16 << 20, 16.0)]
+    ring = [(1 << 20, 2.0), (4 << 20, 2.0), (16 << 20, 32.0)]  # 2x, 0.5x, 2x xla
+    model = CostModel(1, 1, 1, 1, extrapolate=False,
+                      measured={"all_gather": {"1x8": {"xla": xla, "ring": ring}}})
+    one_host = Topology(1, 8)
+    assert model.predict("ring", 4 << 20, one_host) == pytest.approx(8.0)  # median ratio 2x
+    assert model.predict("ring", 16 << 20, one_host) == pytest.approx(32.0)  # ends as measured
+    assert model.predict("xla", 4 << 20, one_host) == pytest.approx(4.0)

@@ -44,10 +44,11 @@ def test_saved_activations_follow_the_layer_and_the_remat_policy():
     none = w.activations("none", "fp32")
     # two LayerNorms keep 4 d each and the merged attention output 1 d (replicated over
     # tp); q, k, v and the attention output 4 d, the rotated slices of q and k twice each,
-    # exact GeLU 4 MLP-wide tensors; per-token norm and softmax statistics are the rest
+    # exact GeLU 2 MLP-wide tensors (x and Phi(x), for its hand-written derivative);
+    # per-token norm and softmax statistics are the rest
     rotated = 4 * NEOX.num_attention_heads * NEOX.rotary_dim
     assert none.replicated == pytest.approx(4 * 9 * d, rel=0.01)
-    assert none.replicated + none.split == pytest.approx(4 * (13 * d + rotated + 4 * f),
+    assert none.replicated + none.split == pytest.approx(4 * (13 * d + rotated + 2 * f),
                                                          rel=0.01)
     full = w.activations("full", "fp32")
     assert full.replicated == 4 * d                      # the layer input only
@@ -55,8 +56,9 @@ def test_saved_activations_follow_the_layer_and_the_remat_policy():
     assert matmuls.split == pytest.approx(4 * (3 * d + f), rel=0.02)   # QKV and MLP-in
     offload = w.activations("offload", "fp32")
     assert offload.replicated == 4 * d and offload.host > 0
-    # bfloat16 halves them, but for float32 softmax statistics and rotary slices
-    assert w.activations("none", "bf16").split == pytest.approx(none.split / 2, rel=0.06)
+    # bfloat16 halves them, but for float32 softmax statistics, rotary slices and GeLU's
+    # derivative terms
+    assert w.activations("none", "bf16").split == pytest.approx(none.split / 2, rel=0.1)
 
 
 def test_tensor_parallelism_splits_head_and_mlp_activations_and_sequence_parallelism_the_rest():

@@ -1,0 +1,57 @@
+"""What the collectives read besides their arguments, set for a ``with`` block.
+
+The caller that owns the mesh (e.g. a training step) enters a scope around the
+``jax.shard_map`` it traces; every collective traced inside reads it::
+
+    with collectives.scope(mesh=jax_mesh, cost_model=profile, timeout=60):
+        out = jax.shard_map(body, mesh=jax_mesh, ...)(x)
+
+``mesh``: host groups of an axis (``topology`` for ``hierarchical`` and ``auto``) and the
+MPI groups of the ``ffi`` algorithm. ``cost_model``: what ``auto`` predicts with (default:
+the calibration cached for this host and backend, see :mod:`collectives.profile`).
+``timeout``: seconds an ``ffi`` collective waits for its peers before it fails.
+Nested scopes keep the outer scope's values for what they do not set. A scope is read
+while tracing, so set it around the traced call, not around a call of an
+already-compiled function.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import jax
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Scope:
+    mesh: jax.sharding.Mesh | None = None
+    cost_model: Any = None  # collectives.CostModel; None: cached calibration or defaults
+    timeout: float | None = None  # None: $JAXSMP_COLLECTIVES_TIMEOUT or 300 s
+
+
+_CURRENT = contextvars.ContextVar("collectives_scope", default=Scope())
+
+
+def current() -> Scope:
+    """The innermost active scope (an empty :class:`Scope` outside any)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def scope(*, mesh: jax.sharding.Mesh | None = _UNSET, cost_model: Any = _UNSET,
+          timeout: float | None = _UNSET) -> Iterator[Scope]:
+    """Set ``mesh``, ``cost_model`` and/or ``timeout`` for the collectives traced inside."""
+    given = {k: v for k, v in dict(mesh=mesh, cost_model=cost_model, timeout=timeout).items()
+             if v is not _UNSET}
+    if given.get("timeout") is not None and not given["timeout"] > 0:
+        raise ValueError(f"timeout={given['timeout']!r} must be a positive number of seconds")
+    token = _CURRENT.set(dataclasses.replace(_CURRENT.get(), **given))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
