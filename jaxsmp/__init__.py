@@ -13,7 +13,12 @@
 
     plans = jaxsmp.plan("gpt_neox:13b", jaxsmp.plan.cluster("p4d.24xlarge", 16),
                         seq_len=2048, global_batch=1024)   # ranked configurations
+
+On a GPU, importing jaxsmp switches on XLA's collective/compute overlap flags for the
+installed jaxlib (``jaxsmp.xla_flags``; ``JAXSMP_XLA_FLAGS=0`` turns that off).
 """
+from jaxsmp import xla_flags
+xla_flags.apply()  # before anything starts JAX's backend  # noqa: E402
 from jaxsmp import checkpoint, hf, losses, models, nn, pipeline, sharding
 from jaxsmp.checkpoint import restore, save
 from jaxsmp.mesh import Mesh
@@ -25,4 +30,4 @@ from jaxsmp.plan import preflight  # noqa: E402
 
 __all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "checkpoint", "eval_step",
            "hf", "init", "losses", "models", "nn", "pipeline", "plan", "preflight", "restore",
-           "save", "sharding", "step"]
+           "save", "sharding", "step", "xla_flags"]

@@ -6,13 +6,21 @@ import sys
 
 import jax
 
-from jaxsmp import distributed
+from jaxsmp import distributed, xla_flags
 from jaxsmp.checkpoint import CheckpointError
 from jaxsmp.cli.config import ConfigError
 from jaxsmp.cli.flags import parse_args
 from jaxsmp.cli.loop import run
 from jaxsmp.cli.preemption import PREEMPTED_EXIT_CODE, Preempted
 from jaxsmp.simulated_devices import simulate_cpu_devices
+
+
+def _layer_bytes(cfg) -> int:
+    """One stacked layer's parameters in the compute dtype (abstract: no backend)."""
+    from jaxsmp.models import preset
+    from jaxsmp.plan.workload import Workload
+    itemsize = 4 if cfg.precision == "fp32" else 2
+    return Workload(preset(cfg.model, cfg.preset), cfg.seq_len).layer_params * itemsize
 
 
 def main(argv: list[str] | None = None, *, model: str) -> None:
@@ -25,6 +33,8 @@ def main(argv: list[str] | None = None, *, model: str) -> None:
     except ConfigError as err:  # before any device work or compilation
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    if xla_flags.wanted():  # on a GPU: combine thresholds of one layer
+        xla_flags.apply(_layer_bytes(cfg))
     if distributed.cluster_from_env() is not None:
         distributed.initialize()
     else:

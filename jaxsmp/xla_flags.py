@@ -1,0 +1,98 @@
+"""XLA's collective/compute overlap on GPUs, switched on for the installed jaxlib.
+
+On import, when a CUDA plugin is installed and JAX's backend has not started, jaxsmp adds
+to ``XLA_FLAGS`` the flags below that the user did not set: the latency-hiding scheduler
+(so the step's prefetched all-gathers and delayed reduce-scatters run beside compute),
+pipelined all-gather / reduce-scatter / all-reduce across the layer loop, while-loop double
+buffering, and combine thresholds of about one layer's parameters. ``jaxsmp.cli`` sizes
+the thresholds to the model's layer before it starts the backend.
+
+XLA aborts at start on a flag name it does not know, and names change between releases:
+only jaxlib versions in :data:`TESTED` get flags (each set is started in a subprocess by
+``tests/jaxsmp/test_xla_flags.py``); others get none and a warning. Turn it off with
+``JAXSMP_XLA_FLAGS=0``; a flag already in ``XLA_FLAGS`` is left as the user set it.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from importlib.util import find_spec
+from typing import Mapping, MutableMapping
+
+OPT_OUT = "JAXSMP_XLA_FLAGS"
+DEFAULT_LAYER_BYTES = 128 * 2**20   # a 1.3B-class layer in bf16; the CLI uses the model's
+
+_OVERLAP = ("--xla_gpu_enable_latency_hiding_scheduler=true",
+            "--xla_gpu_enable_pipelined_all_gather=true",
+            "--xla_gpu_enable_pipelined_reduce_scatter=true",
+            "--xla_gpu_enable_pipelined_all_reduce=true",
+            "--xla_gpu_enable_while_loop_double_buffering=true",
+            "--xla_gpu_enable_highest_priority_async_stream=true")
+_COMBINE = ("--xla_gpu_all_gather_combine_threshold_bytes",
+            "--xla_gpu_reduce_scatter_combine_threshold_bytes",
+            "--xla_gpu_all_reduce_combine_threshold_bytes")
+# jaxlib (major, minor) -> (flags, threshold flag names); each started by the test suite
+TESTED: dict[tuple[int, int], tuple[tuple[str, ...], tuple[str, ...]]] = {
+    (0, 10): (_OVERLAP, _COMBINE), (0, 11): (_OVERLAP, _COMBINE), (0, 12): (_OVERLAP, _COMBINE)}
+
+
+def jaxlib_version() -> tuple[int, int]:
+    import jaxlib
+    major, minor = jaxlib.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def overlap_flags(layer_bytes: int = DEFAULT_LAYER_BYTES,
+                  version: tuple[int, int] | None = None) -> list[str]:
+    """The flags for jaxlib ``version`` (default: installed), or [] if it is not tested."""
+    version = version or jaxlib_version()
+    if version not in TESTED:
+        warnings.warn(f"jaxsmp sets no XLA overlap flags for jaxlib {version}: tested are "
+                      f"{sorted(TESTED)}", stacklevel=2)
+        return []
+    flags, thresholds = TESTED[version]
+    return [*flags, *(f"{name}={int(layer_bytes)}" for name in thresholds)]
+
+
+def _cuda_plugin() -> bool:
+    return any(find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+
+
+def _backend_started() -> bool:
+    from jax._src import xla_bridge
+    return xla_bridge.backends_are_initialized()
+
+
+def merged(current: str, flags: list[str]) -> str:
+    """``current`` XLA_FLAGS plus each of ``flags`` whose name it does not set yet."""
+    names = {f.split("=", 1)[0] for f in current.split()}
+    return " ".join([current.strip(), *(f for f in flags if f.split("=", 1)[0] not in names)]
+                    ).strip()
+
+
+def apply(layer_bytes: int = DEFAULT_LAYER_BYTES,
+          env: MutableMapping[str, str] | None = None, *, gpu: bool | None = None) -> list[str]:
+    """Add the overlap flags to ``env['XLA_FLAGS']`` (default ``os.environ``) when on a
+    GPU (a CUDA plugin installed; ``gpu`` overrides), not opted out, and the backend not
+    started. Flags jaxsmp set earlier in this process are resized; returns those added."""
+    env = os.environ if env is None else env
+    if not wanted(env, gpu) or _backend_started():
+        return []
+    ours = env.get("_JAXSMP_XLA_FLAGS", "").split()
+    current = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in ours)
+    flags = overlap_flags(layer_bytes)
+    env["XLA_FLAGS"] = merged(current, flags)
+    added = [f for f in flags if f in env["XLA_FLAGS"].split()]
+    env["_JAXSMP_XLA_FLAGS"] = " ".join(added)
+    return added
+
+
+def wanted(env: Mapping[str, str] | None = None, gpu: bool | None = None) -> bool:
+    """Whether :func:`apply` would set flags: on a GPU and not opted out."""
+    env = os.environ if env is None else env
+    opt = env.get(OPT_OUT, "1")
+    if opt not in ("0", "1"):
+        raise ValueError(f"{OPT_OUT}={opt!r}: use 0 (leave XLA_FLAGS alone) or 1 (default)")
+    platforms = env.get("JAX_PLATFORMS", "").lower()
+    on_gpu = _cuda_plugin() and (not platforms or bool({"cuda", "gpu"} & set(platforms.split(","))))
+    return opt == "1" and (on_gpu if gpu is None else gpu)

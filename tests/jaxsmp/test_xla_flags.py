@@ -1,0 +1,60 @@
+"""jaxsmp.xla_flags: the GPU overlap flags start XLA on the installed jaxlib; user flags win."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxsmp import xla_flags
+
+START = "import jax; jax.numpy.zeros(1).block_until_ready(); print('started')"
+
+
+def _start(flags: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-c", START], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_flags_for_the_installed_jaxlib_start_xla():
+    # XLA registers its GPU flags on every platform, so a CPU start checks every name
+    flags = xla_flags.overlap_flags(layer_bytes=3 * 2**20)
+    assert flags and all(f.startswith("--xla_gpu_") for f in flags)
+    run = _start(flags)
+    assert run.returncode == 0 and "started" in run.stdout, run.stderr[-2000:]
+
+
+def test_an_unknown_flag_name_aborts_the_start_so_the_check_above_can_fail():
+    run = _start(xla_flags.overlap_flags() + ["--xla_gpu_enable_pipelined_everything=true"])
+    assert run.returncode != 0
+    assert "xla_gpu_enable_pipelined_everything" in run.stderr
+
+
+def test_an_untested_jaxlib_gets_no_flags_and_a_warning():
+    with pytest.warns(UserWarning, match=r"no XLA overlap flags for jaxlib \(0, 99\)"):
+        assert xla_flags.overlap_flags(version=(0, 99)) == []
+
+
+def test_apply_keeps_the_users_flags_and_resizes_its_own(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_backend_started", lambda: False)
+    env = {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=false"}
+    xla_flags.apply(1024, env, gpu=True)
+    assert "--xla_gpu_enable_latency_hiding_scheduler=false" in env["XLA_FLAGS"].split()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" not in env["XLA_FLAGS"]
+    assert "--xla_gpu_all_gather_combine_threshold_bytes=1024" in env["XLA_FLAGS"].split()
+    xla_flags.apply(4096, env, gpu=True)  # the CLI, sized to the model's layer
+    flags = env["XLA_FLAGS"].split()
+    assert "--xla_gpu_all_gather_combine_threshold_bytes=4096" in flags
+    assert not any(f.endswith("=1024") for f in flags)
+    assert len(flags) == len(set(flags))
+
+
+def test_nothing_is_set_when_opted_out_off_gpu_or_after_the_backend_started(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_backend_started", lambda: False)
+    env = {xla_flags.OPT_OUT: "0"}
+    assert xla_flags.apply(env=env, gpu=True) == [] and "XLA_FLAGS" not in env
+    assert xla_flags.apply(env={}, gpu=False) == []
+    monkeypatch.setattr(xla_flags, "_backend_started", lambda: True)
+    assert xla_flags.apply(env={}, gpu=True) == []
+    with pytest.raises(ValueError, match=r"JAXSMP_XLA_FLAGS='yes': use 0 .* or 1"):
+        xla_flags.wanted({xla_flags.OPT_OUT: "yes"}, gpu=True)
