@@ -7,7 +7,11 @@
   whose head dim is a multiple of 8 up to 128; otherwise ``pallas`` (the FlashAttention
   kernels here, compiled by Triton), which takes ALiBi, segment ids, float32 and any head
   dim or sequence length by zero-padding to its tile shapes.
-* elsewhere (CPU): ``blockwise``, the same online-softmax algorithm as XLA loops.
+* elsewhere (CPU): ``reference`` while one float32 score matrix ``[b, h, s, s]`` fits
+  :data:`REFERENCE_SCORE_BYTES` (32 MiB; the step keeps about three such arrays per layer
+  call: scores, probabilities and their cotangent), since XLA:CPU runs its plain matmuls
+  faster than the loop; beyond it ``blockwise``, the same online-softmax algorithm as
+  XLA loops, whose temporaries grow with ``s * block`` instead of ``s * s``.
 
 ``reference`` materialises the scores (the tests' ground truth).
 """
@@ -27,15 +31,18 @@ DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 DEFAULT_BLOCKS = {"pallas": (64, 64), "blockwise": (512, 512)}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128
+REFERENCE_SCORE_BYTES = 32 * 2**20  # off GPU, auto materialises scores up to this size
 
 
 def choose_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
-                backend: str | None = None) -> str:
+                backend: str | None = None, score_bytes: int | None = None) -> str:
     """The implementation ``impl="auto"`` runs for these inputs on ``backend``
-    (default: JAX's default backend); see the module docstring."""
+    (default: JAX's default backend); ``score_bytes``: one float32 ``[b, h, s, s]``
+    score matrix (None: unknown, so not materialised). See the module docstring."""
     backend = jax.default_backend() if backend is None else backend
     if backend != "gpu":
-        return "blockwise"
+        fits = score_bytes is not None and score_bytes <= REFERENCE_SCORE_BYTES
+        return "reference" if fits else "blockwise"
     cudnn_ok = (jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) and not alibi
                 and not segments and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM)
     return "cudnn" if cudnn_ok else "pallas"
@@ -127,8 +134,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
         raise ValueError(f"unknown attention impl {impl!r}; valid: {IMPLS}")
     _check_shapes(q, k, v, alibi_slopes, segment_ids)
     if impl == "auto":
+        b, s, h, _ = q.shape
         impl = choose_impl(q.dtype, q.shape[3], alibi=alibi_slopes is not None,
-                           segments=segment_ids is not None)
+                           segments=segment_ids is not None, score_bytes=b * h * s * s * 4)
     scale = q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if impl in ("reference", "cudnn") and (block_q is not None or block_k is not None):
         raise ValueError(f"impl {impl!r} has no blocks; block_q/block_k must be None")
