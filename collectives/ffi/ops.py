@@ -176,14 +176,22 @@ def _varying(out: jax.Array, x: jax.Array, axis_name: AxisName | None) -> jax.Ar
 
 
 def _exchange(target: str, lead: jax.Array, rows: int, where: jax.Array,
-              axis_name: AxisName | None) -> jax.Array:
-    """The custom call: ``lead``'s rows exchanged within the channel ``where`` names."""
+              axis_name: AxisName | None, tag_site: tuple[int, str] | None = None) -> jax.Array:
+    """The custom call: ``lead``'s rows exchanged within the channel ``where`` names.
+    ``tag_site``: the call's tag, when it was taken in an enclosing trace (see _tag)."""
     _check_platform()
-    tag, site = callsite.tag(target, axis_name, lead.shape, lead.dtype, _TAG_UB)
+    tag, site = tag_site or _tag(target, axis_name, lead)
     out = jax.ShapeDtypeStruct((rows,) + lead.shape[1:], lead.dtype)
     result = jax.ffi.ffi_call(target, out)(
         lead, where, tag=np.int64(tag), timeout_ms=np.int64(timeout_seconds() * 1000), site=site)
     return _varying(result, lead, axis_name)
+
+
+def _tag(target: str, axis_name: AxisName | None, x: jax.Array) -> tuple[int, str]:
+    """Taken in the caller's trace, before any nested shard_map: a nested map traces afresh,
+    so two equal calls from one line would count as first occurrences and share a tag,
+    and XLA may run them at once on the same channel, crossing their messages."""
+    return callsite.tag(target, axis_name, x.shape, x.dtype, _TAG_UB)
 
 
 def _where(groups: AxisGroups, base: int, mesh: jax.sharding.Mesh) -> jax.Array:
@@ -233,10 +241,13 @@ def _all_gather(x: jax.Array, axis_name: AxisName | None, axis: int, mesh) -> ja
     if groups.processes == 1:  # the whole group is in this process
         return xla.all_gather(x, axis_name, axis)
 
+    tag_site = _tag(ALL_GATHER, axis_name, x)
+
     def run(v):
         where = _where(groups, base, mesh)
         def across(shard):
-            return _exchange(ALL_GATHER, shard[None], groups.processes, where, axis_name)
+            return _exchange(ALL_GATHER, shard[None], groups.processes, where, axis_name,
+                             tag_site)
         return gather_two_level(v, axis_name, axis, groups.per_process, across)
     return _varying(_fully_manual(run, x, mesh), x, axis_name)  # a nested map drops types
 
@@ -254,10 +265,12 @@ def _reduce_scatter(x: jax.Array, axis_name: AxisName | None, axis: int, mesh) -
     if groups.processes == 1:
         return xla.reduce_scatter(x, axis_name, axis)
 
+    tag_site = _tag(REDUCE_SCATTER, axis_name, x)
+
     def run(v):
         where = _where(groups, base, mesh)
         def across(blocks):
-            return _exchange(REDUCE_SCATTER, blocks, 1, where, axis_name)[0]
+            return _exchange(REDUCE_SCATTER, blocks, 1, where, axis_name, tag_site)[0]
         return scatter_two_level(v, axis_name, axis, groups.per_process, across)
     return _varying(_fully_manual(run, x, mesh), x, axis_name)  # a nested map drops types
 

@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxsmp.mesh import check_collectives_on
 from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import check_offloads
 from jaxsmp.nn.stack import is_stacked
@@ -59,7 +60,8 @@ class _Step:
         functools.update_wrapper(self, fn)
 
     def _collectives(self, state: TrainState) -> str:
-        return self.options.collectives or state.mesh.collectives
+        return check_collectives_on(self.options.collectives or state.mesh.collectives,
+                                    state.mesh.tp)
 
     def _forward(self, state: TrainState):
         return local_forward(self.fn, state.graphdef, self.options, self._collectives(state))
