@@ -46,9 +46,11 @@ library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
 
 Step semantics (``candidate.Semantics``): the target is issue 12's ZeRO-3 (gathered
 weights freed after the forward and gathered again in the backward, the next layer
-prefetched, Megatron tensor parallelism). ``BEFORE_ISSUE_12`` is what the step compiles
-on this branch (with ``remat="none"`` every layer's gathered weights stay alive; no
-prefetch; tp ranks gather and compute whole layers) and is what the pre-flight compares.
+prefetched, Megatron tensor parallelism), which is what the step compiles on a GPU;
+``COMPILED`` is the same without prefetch, as the step compiles on CPU, where the
+pre-flight compiles and compares. ``BEFORE_ISSUE_12`` is the step before
+it (with ``remat="none"`` every layer's gathered weights stay alive; no prefetch; tp ranks
+gather and compute whole layers).
 
 Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
 memory-bound work (the layer's activations moved once; the backward moves them three

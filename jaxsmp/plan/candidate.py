@@ -33,9 +33,9 @@ class Semantics:
 
 TARGET = Semantics(keep_gathered=False, prefetch=True)   # ZeRO-3 as issue 12 specifies
 BEFORE_ISSUE_12 = Semantics(keep_gathered=None, prefetch=False, megatron_tp=False)
-# What jaxsmp.step compiles: the pre-flight compares against it. tp-split parameters
-# are gathered over sdp without flattening, so tp splits layers (Megatron).
-COMPILED = Semantics(keep_gathered=None, prefetch=False, megatron_tp=True)
+# What jaxsmp.step compiles by default on CPU, where the pre-flight compiles (prefetch is
+# on by default only on GPUs): the pre-flight compares against it.
+COMPILED = Semantics(keep_gathered=False, prefetch=False, megatron_tp=True)
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     working = tokens * (full if c.remat != "none" else NONE_WORKING * full)
     backward = MemoryBreakdown(
         **state,
-        grads=accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers),
+        grads=(accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers)
+               + (4 * layer if semantics.prefetch else 0)),  # a layer's delayed scatter
         gathered=cbytes * kept * layer + max(0, 4 - cbytes) * layer,
         activations=saved, working=working + _attention_tiles(w, c, tp, backend),
         logits=0.0, phase="backward")

@@ -19,7 +19,7 @@ from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 from jaxsmp.metrics.flops import train_flops_per_token
-from jaxsmp.nn.layer_context import LayerContext, layer_context
+from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
 from jaxsmp.nn.param import logical_axes
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
@@ -213,7 +213,8 @@ class Workload:
             def hook(run, x_stack, params, stack_args):
                 out["y"] = run(h, layer, args)
                 return x_stack
-            with layer_context(LayerContext(remat=remat, run_stages=hook)):
+            scan = functools.partial(plain_scan, remat_policy=remat)
+            with layer_context(LayerContext(scan_layers=scan, run_stages=hook)):
                 self._stack(h, *args)
             return out["y"].astype(jnp.float32).sum()
 

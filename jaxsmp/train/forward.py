@@ -28,8 +28,9 @@ LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
 
 
 def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
-                  collectives_name: str) -> Callable:
-    """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)``."""
+                  collectives_name: str, platform: str) -> Callable:
+    """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)`` for
+    devices of ``platform``."""
     dtype = precision_policy(options.precision).compute_dtype
 
     def forward(params: nnx.State, batch: Any, stage_runner=None):
@@ -43,7 +44,7 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
                           bucket=options.bucket)
         top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables)
         scan = functools.partial(
-            zero3_scan, remat=options.remat, prefetch=options.prefetch,
+            zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
             scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,

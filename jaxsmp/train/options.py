@@ -23,7 +23,9 @@ class StepOptions:
     mesh's). ``bucket``: gather each layer's parameters with one collective over
     one flat buffer instead of one per parameter. ``prefetch``: gather the next layer
     while one computes, and reduce-scatter a layer's gradient while the next one's
-    backward runs (one more gathered layer of memory). ``pipeline`` (when the mesh has
+    backward runs; ``None`` (default): on where collectives run beside compute (GPU),
+    off elsewhere (XLA:CPU runs them in line, so prefetch would only cost memory:
+    about 2.5 gathered float32 layers on W0, see tests/jaxsmp/test_zero3_memory.py). ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
     stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
     the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
@@ -33,7 +35,7 @@ class StepOptions:
     clip_norm: float | None = 1.0
     collectives: str | None = None
     bucket: bool = True
-    prefetch: bool = True
+    prefetch: bool | None = None
     pipeline: str = "simple"
     virtual_chunks: int = 2
 
@@ -51,3 +53,10 @@ class StepOptions:
                              f"got {self.clip_norm!r}")
         if self.collectives is not None:
             check_collectives(self.collectives)
+        if self.prefetch not in (None, True, False):
+            raise ValueError(f"prefetch must be True, False or None (on GPUs), "
+                             f"got {self.prefetch!r}")
+
+    def prefetches(self, platform: str) -> bool:
+        """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...)."""
+        return self.prefetch if self.prefetch is not None else platform in ("gpu", "cuda")

@@ -64,7 +64,9 @@ class _Step:
                                     state.mesh.tp)
 
     def _forward(self, state: TrainState):
-        return local_forward(self.fn, state.graphdef, self.options, self._collectives(state))
+        platform = state.mesh.jax_mesh.devices.flat[0].platform
+        return local_forward(self.fn, state.graphdef, self.options, self._collectives(state),
+                             platform)
 
     def _place(self, state: TrainState, batch: Any, microbatches: int) -> Any:
         return place_batch(batch, state.mesh, microbatches, _vocab_size(state))
