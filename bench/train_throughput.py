@@ -1,17 +1,54 @@
-"""jaxsmp's training step vs a hand-written plain JAX + Flax + optax FSDP baseline.
+"""jaxsmp's training step vs hand-written plain JAX + Flax + optax baselines.
 
-Both train the same GPT-NeoX module on the same batches on 8 simulated CPU
-devices; steps of the two alternate in one run and the medians after warm-up
-are compared. The baseline is the textbook jit-FSDP: every parameter and its
-optimizer state sharded over one mesh axis on its first divisible dimension,
-GSPMD inserting the gathers, value_and_grad + optax in one jit.
+Each jaxsmp configuration runs beside the baseline that does the same job by hand,
+on the same GPT-NeoX module and the same batches, on 8 simulated CPU devices:
 
-    python bench/train_throughput.py [--presets tiny 125m] [--steps 6]
+    a  jaxsmp Mesh(sdp=8), defaults          vs  jit FSDP (params + moments sharded
+                                                 over one axis, GSPMD gathers)
+    b  jaxsmp sdp=8, remat="full"            vs  jit FSDP, jax.checkpoint on each layer
+    c  jaxsmp Mesh(sdp=4, tp=2)              vs  GSPMD tensor parallel + FSDP: mesh
+                                                 ("fsdp", "tp"), Megatron column/row
+                                                 split of qkv/out and MLP in/out over tp,
+                                                 everything else FSDP over "fsdp";
+                                                 once from the parameter shardings
+                                                 alone, once with the activations
+                                                 between layers pinned to [batch over
+                                                 fsdp, replicated over tp]
+    d  jaxsmp Mesh(dp=8, sdp=1)              vs  jit DP (params replicated, batch split)
+    e  jaxsmp on one device                  vs  single-device jit
+
+Every baseline is value_and_grad + clip_by_global_norm(1.0) + the optimizer in one jit
+with the state donated (jaxsmp's defaults: fp32, clip 1.0, state donated). Contenders of
+one group alternate step by step in one run (``--group all``: every contender of the
+workload; ``--group pair``: one pair at a time, freeing it before the next, for models
+whose states do not all fit at once); medians after warm-up, never asserted. Per
+contender also the compiled step's temporaries and arguments per device
+(``memory_analysis()``; XLA:CPU's YNN fusions are switched off so these are honest,
+for every contender alike), and with ``--hlo`` the collectives of the compiled step.
+
+Workloads: ``W0`` GPT-NeoX 4 layers, hidden 256, 4 heads, MLP 1024, vocab 1024;
+``125m`` the gpt_neox 125m preset. Both seq 256, global batch 16, AdamW fp32, random
+tokens; attention_impl the model default ("auto") everywhere.
+
+On 8 simulated CPU devices sharing a few cores the devices compute one after another,
+so these numbers compare overheads (extra copies, collectives, recomputation), not
+scaling. With ``--hlo`` the compiled steps of ``--hlo-pairs`` (default c) get a table of
+their collectives: kind, group size, static count and count per step (ops in a while
+body times its known trip count) and bytes of the result shapes.
+
+    python bench/train_throughput.py --workloads W0 --steps 10 --warmup 3 --hlo
+    python bench/train_throughput.py --workloads 125m --contenders a --group pair \
+        --steps 3 --warmup 1
+    python bench/train_throughput.py --workloads 125m --contenders c --group pair \
+        --steps 3 --warmup 1 --max-gb 18 --skip "GSPMD TP=2 + FSDP=4"
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -21,7 +58,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+                           + " --xla_force_host_platform_device_count=8"
+                           + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -30,62 +68,287 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxsmp  # noqa: E402
-from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token  # noqa: E402
+
+WORKLOADS = {
+    "W0": lambda: jaxsmp.models.preset(
+        "gpt_neox", "tiny", num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+        intermediate_size=1024, vocab_size=1024),
+    "125m": lambda: jaxsmp.models.preset("gpt_neox", "125m"),
+}
 
 
-def _fsdp_spec(x, n: int, stacked: bool) -> P:
-    dims = [None] * x.ndim
-    for i in range(1 if stacked else 0, x.ndim):
-        if x.shape[i] % n == 0:
-            dims[i] = "fsdp"
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- hand-written baselines
+
+def _first_divisible(x, axis: str, n: int, skip: int, dims: list) -> list:
+    for i in range(skip, x.ndim):
+        if dims[i] is None and x.shape[i] % n == 0:
+            dims[i] = axis
             break
+    return dims
+
+
+def fsdp_spec(path: str, x, mesh) -> P:
+    """Every array sharded over "fsdp" on its first divisible dimension (not the
+    stacked-layer one); replicated when the mesh has no "fsdp" axis or nothing divides."""
+    dims = [None] * x.ndim
+    if "fsdp" in mesh.shape:
+        _first_divisible(x, "fsdp", mesh.shape["fsdp"], 1 if "layers" in path else 0, dims)
     return P(*dims)
 
 
-def baseline(config, tx):
-    """Plain jit FSDP: returns (state, step) with state = (params, opt_state)."""
+# Megatron: (parameter name, kernel or bias) -> which kernel dimension goes to tp.
+# Column-parallel (output split): qkv and MLP-in; row-parallel (input split): attention
+# out and MLP-out, whose bias stays whole over tp.
+_COLUMN = ("query_key_value", "dense_h_to_4h")
+_ROW = ("attention']['dense'", "dense_4h_to_h")
+
+
+def tp_spec(path: str, x, mesh) -> P:
+    """Megatron split over "tp" of the attention and MLP projections, then FSDP over
+    "fsdp" on the first remaining divisible dimension; everything else FSDP only."""
+    dims = [None] * x.ndim
+    stacked = "layers" in path
+    kernel = path.endswith("['kernel']") or path.endswith("['kernel'].value")
+    if any(n in path for n in _COLUMN):
+        dims[-1] = "tp"                       # kernel [.., in, out] and bias [.., out]
+    elif any(n in path for n in _ROW) and kernel:
+        dims[-2] = "tp"                       # kernel [.., in, out]: in split
+    _first_divisible(x, "fsdp", mesh.shape["fsdp"], 1 if stacked else 0, dims)
+    return P(*dims)
+
+
+def _layer_scan(remat: bool, constraint: NamedSharding | None):
+    """How a Stack runs its layers in the baseline (installed through the model's layer
+    hook): one scan; with ``remat`` each layer under jax.checkpoint (recomputed in the
+    backward pass); with ``constraint`` the activations between layers pinned to it."""
+    def pin(x):
+        return x if constraint is None else jax.lax.with_sharding_constraint(x, constraint)
+
+    def scan(apply, h, params, args):
+        def body(carry, one):
+            return pin(apply(one, pin(carry), args)), None
+        if remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        return jax.lax.scan(body, h, params)[0]
+    return scan
+
+
+class Baseline:
+    """Plain jit training step: state = (params, opt_state), both placed by ``spec``."""
+
+    def __init__(self, config, tx, mesh, spec, batch_spec: P, remat: bool = False,
+                 activations: P | None = None):
+        abstract = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
+        graphdef, abs_params = nnx.split(abstract, nnx.Param)
+        specs = jax.tree_util.tree_map_with_path(
+            lambda path, x: NamedSharding(mesh, spec(jax.tree_util.keystr(path), x, mesh)),
+            abs_params)
+        self.specs = specs
+
+        def create():
+            params = nnx.state(config.build(nnx.Rngs(0)), nnx.Param)
+            return params, tx.init(params)
+        opt_specs = optax.tree_map_params(  # moments sharded like their parameters
+            tx, lambda _, s: s, jax.eval_shape(tx.init, abs_params), specs,
+            transform_non_params=lambda _: NamedSharding(mesh, P()))
+        self.state = jax.jit(create, out_shardings=(specs, opt_specs))()
+        self.batch_sharding = NamedSharding(mesh, batch_spec)
+
+        constraint = None if activations is None else NamedSharding(mesh, activations)
+
+        def loss_fn(p, batch):
+            model = nnx.merge(graphdef, p)
+            if not remat and constraint is None:
+                return jaxsmp.losses.causal_lm_loss(model, batch)
+            with jaxsmp.nn.layer_context(jaxsmp.nn.LayerContext(
+                    scan_layers=_layer_scan(remat, constraint))):
+                return jaxsmp.losses.causal_lm_loss(model, batch)
+
+        def step(state, batch):
+            params, opt_state = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+            grads = optax.clip_by_global_norm(1.0).update(grads, None)[0]
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+        self.jitted = jax.jit(step, donate_argnums=0, out_shardings=((specs, opt_specs), None))
+
+    def place(self, batch):
+        return {"tokens": jax.device_put(batch["tokens"], self.batch_sharding)}
+
+    def run(self, state, batch):
+        return self.jitted(state, self.place(batch))
+
+    def lower(self, state, batch):
+        return self.jitted.lower(state, self.place(batch))
+
+
+def fsdp_baseline(config, tx, remat=False):
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
-    n = mesh.shape["fsdp"]
-    abstract = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
-    graphdef, abs_params = nnx.split(abstract, nnx.Param)
-    specs = jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, _fsdp_spec(x, n, "layers" in str(path))), abs_params)
-
-    def create():
-        params = nnx.state(config.build(nnx.Rngs(0)), nnx.Param)
-        return params, tx.init(params)
-    opt_specs = optax.tree_map_params(  # moments sharded like their parameters
-        tx, lambda _, spec: spec, jax.eval_shape(tx.init, abs_params), specs,
-        transform_non_params=lambda _: NamedSharding(mesh, P()))
-    params, opt_state = jax.jit(create, out_shardings=(specs, opt_specs))()
-    batch_sharding = NamedSharding(mesh, P("fsdp"))
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        def f(p):
-            return jaxsmp.losses.causal_lm_loss(nnx.merge(graphdef, p), batch)
-        loss, grads = jax.value_and_grad(f)(params)
-        grads = optax.clip_by_global_norm(1.0).update(grads, None)[0]
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    def run(state, batch):
-        params, opt_state = state
-        batch = {"tokens": jax.device_put(batch["tokens"], batch_sharding)}
-        params, opt_state, loss = step(params, opt_state, batch)
-        return (params, opt_state), loss
-    return (params, opt_state), run
+    return Baseline(config, tx, mesh, fsdp_spec, P("fsdp"), remat=remat)
 
 
-def ours(config, tx, **options):
-    state = jaxsmp.init(config.build, tx, jaxsmp.Mesh(sdp=8, collectives="xla"))
-    train_step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)
+def tp_baseline(config, tx, tp=2, pin_activations=False):
+    """With ``pin_activations`` the activations between layers are constrained to
+    [batch over fsdp, replicated over tp] (Megatron's layout); else GSPMD propagates
+    from the parameter shardings alone."""
+    devices = np.array(jax.devices()).reshape(-1, tp)  # tp pairs of consecutive devices
+    mesh = jax.sharding.Mesh(devices, ("fsdp", "tp"))
+    return Baseline(config, tx, mesh, tp_spec, P("fsdp"),
+                    activations=P("fsdp", None, None) if pin_activations else None)
 
-    def run(state, batch):
-        state, metrics = train_step(state, batch)
+
+def dp_baseline(config, tx):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("dp",))
+    return Baseline(config, tx, mesh, lambda path, x, mesh: P(), P("dp"))
+
+
+def single_baseline(config, tx):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("one",))
+    return Baseline(config, tx, mesh, lambda path, x, mesh: P(), P())
+
+
+# ---------------------------------------------------------------- jaxsmp
+
+class Ours:
+    def __init__(self, config, tx, mesh, **options):
+        self.state = jaxsmp.init(config.build, tx, mesh)
+        self.train_step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)
+
+    def run(self, state, batch):
+        state, metrics = self.train_step(state, batch)
         return state, metrics["loss"]
-    return state, run
 
+    def lower(self, state, batch):
+        return self.train_step.lower(state, batch)
+
+
+# pair -> (jaxsmp label, factory, [(baseline label, factory), ...]); the ratio column
+# compares the jaxsmp contender with the pair's first baseline
+PAIRS = {
+    "a": ("jaxsmp sdp=8", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(sdp=8)),
+          [("jit FSDP", lambda c, tx: fsdp_baseline(c, tx))]),
+    "b": ("jaxsmp sdp=8 remat=full", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(sdp=8), remat="full"),
+          [("jit FSDP + checkpoint/layer", lambda c, tx: fsdp_baseline(c, tx, remat=True))]),
+    "c": ("jaxsmp sdp=4,tp=2", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(sdp=4, tp=2)),
+          [("GSPMD TP=2 + FSDP=4", lambda c, tx: tp_baseline(c, tx)),
+           ("GSPMD TP=2 + FSDP=4, activations pinned",
+            lambda c, tx: tp_baseline(c, tx, pin_activations=True))]),
+    "d": ("jaxsmp dp=8", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(dp=8, sdp=1)),
+          [("jit DP=8", lambda c, tx: dp_baseline(c, tx))]),
+    "e": ("jaxsmp 1 device", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(devices=jax.devices()[:1])),
+          [("jit 1 device", lambda c, tx: single_baseline(c, tx))]),
+}
+
+
+# ---------------------------------------------------------------- compiled HLO collectives
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+def _shape_bytes(type_text: str) -> int:
+    return sum(_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
+               for t, dims in _ARRAY.findall(type_text))
+
+
+def _group_size(attrs: str) -> str:
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)   # iota form [groups,size]
+    if m:
+        return m.group(2)
+    # mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: over the named axes
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\([^)]*\))?( \{[^}]*\})?",
+                  attrs)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        names = re.findall(r"'(\w+)'", m.group(2)) if m.group(2) else list(sizes)
+        return str(math.prod(int(sizes[a]) for a in names))
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if m:
+        return str(len(m.group(1).split(",")))
+    if "source_target_pairs" in attrs:
+        return "pairs"
+    return "all"
+
+
+def hlo_collectives(text: str) -> dict:
+    """{(op, group size, where): [static count, count per step, result bytes per step]}
+    from compiled HLO text. Collectives inside while bodies are multiplied by the loop's
+    known trip count (XLA's ``known_trip_count``); ``where`` says ``loop xN`` or
+    ``loop x?`` (unknown trip count: counted once) or ``top``."""
+    comps: dict[str, list[str]] = {}
+    entry = current = None
+    for line in text.splitlines():
+        h = _HEADER.match(line)
+        if h and not line.startswith(" "):
+            current = h.group(2)
+            comps[current] = []
+            entry = current if h.group(1) else entry
+        elif current is not None and line.startswith(" "):
+            comps[current].append(line.strip())
+    out: dict = {}
+
+    def visit(name: str, mult: int, where: str, stack: tuple) -> None:
+        if name not in comps or name in stack:
+            return
+        for line in comps[name]:
+            m = _INSTR.match(line)
+            if not m:
+                continue
+            type_text, op, rest = m.group(2), m.group(3), m.group(4)
+            kind = op[:-6] if op.endswith("-start") else op
+            if kind in COLLECTIVES and not op.endswith("-done"):
+                nbytes = _shape_bytes(type_text)
+                if op.endswith("-start") and type_text.startswith("("):
+                    nbytes //= 2  # (operand, result) tuple: count the result only
+                row = out.setdefault((kind, _group_size(rest), where), [0, 0, 0])
+                row[0] += 1
+                row[1] += mult
+                row[2] += mult * nbytes
+            if op == "while":
+                body = re.search(r"body=%?([\w.\-]+)", rest).group(1)
+                trip = re.search(r'known_trip_count"?:\{"n":"(\d+)"', rest)
+                n = int(trip.group(1)) if trip else 1
+                inner = f"loop x{trip.group(1) if trip else '?'}"
+                visit(body, mult * n, inner if where == "top" else f"{where}, {inner}",
+                      stack + (name,))
+                continue
+            for group in re.findall(r"(?:calls|to_apply|branch_computations|"
+                                    r"called_computations)=\{?([%\w.\-, ]+)\}?", rest):
+                for callee in group.split(","):
+                    visit(callee.strip().lstrip("%"), mult, where, stack + (name,))
+    visit(entry, 1, "top", ())
+    return out
+
+
+def print_collectives(workload: str, label: str, table: dict) -> None:
+    print(f"\n**{workload}, {label}: collectives per step (compiled HLO)**\n")
+    print("| op | group size | where | static count | count per step | MB per step "
+          "(result shapes) |")
+    print("|---|---|---|---|---|---|")
+    if not table:
+        print("| (none) | | | 0 | 0 | 0 |")
+    order = {k: i for i, k in enumerate(COLLECTIVES)}
+    for (op, group, where), (static, per_step, nbytes) in sorted(
+            table.items(), key=lambda kv: (order[kv[0][0]], kv[0][1], kv[0][2])):
+        print(f"| {op} | {group} | {where} | {static} | {per_step} | {nbytes / 1e6:.2f} |")
+    totals: dict = {}
+    for (op, _, _), (static, per_step, nbytes) in table.items():
+        t = totals.setdefault(op, [0, 0, 0])
+        t[0], t[1], t[2] = t[0] + static, t[1] + per_step, t[2] + nbytes
+    print("| **total** | | | " + ", ".join(f"{op} {t[0]}" for op, t in totals.items())
+          + " | " + ", ".join(f"{op} {t[1]}" for op, t in totals.items())
+          + f" | {sum(t[2] for t in totals.values()) / 1e6:.2f} |")
+
+
+# ---------------------------------------------------------------- measuring
 
 def timed(run, state, batch):
     start = time.perf_counter()
@@ -94,48 +357,160 @@ def timed(run, state, batch):
     return state, time.perf_counter() - start, loss
 
 
-def measure(preset: str, steps: int, warmup: int, batch: int, seq: int, peak: float) -> list:
-    config = jaxsmp.models.preset("gpt_neox", preset, attention_impl="blockwise")
+def analyse(workload: str, label: str, contender, batch, want_hlo: bool) -> dict:
+    log(f"{workload}: compiling {label} for memory analysis")
+    start = time.perf_counter()
+    compiled = contender.lower(contender.state, batch).compile()
+    mem = compiled.memory_analysis()
+    info = {"temp": mem.temp_size_in_bytes, "args": mem.argument_size_in_bytes,
+            "compile_s": time.perf_counter() - start}
+    if want_hlo:
+        info["hlo"] = hlo_collectives(compiled.as_text())
+    log(f"{workload}: {label} compiled in {info['compile_s']:.1f}s, temp "
+        f"{info['temp'] / 1e6:.1f} MB, args {info['args'] / 1e6:.1f} MB per device")
+    del compiled
+    return info
+
+
+def _devices(state) -> int:
+    return len(jax.tree.leaves(state)[0].sharding.device_set)
+
+
+def measure_group(workload: str, config, names: list[str], steps: int, warmup: int,
+                  batch: int, seq: int, hlo_pairs: list[str], max_bytes: float,
+                  skip: list[str] = ()) -> dict:
+    """Builds the contenders of ``names`` (pair letters), alternates their steps. A
+    contender is analysed but not run when the arguments (states, which stay alive) of
+    the group's admitted contenders and its own, plus the largest compiled temporaries
+    of one step (steps run one at a time), over all their devices, would exceed
+    ``max_bytes`` (simulated devices share the host's memory)."""
     tx = optax.adamw(1e-4)
-    contenders = {"plain jit FSDP": baseline(config, tx),
-                  "jaxsmp sdp=8, bucketed gathers": ours(config, tx),
-                  "jaxsmp sdp=8, per-parameter gathers": ours(config, tx, bucket=False)}
-    states = {k: v[0] for k, v in contenders.items()}
-    times = {k: [] for k in contenders}
     rng = np.random.default_rng(0)
+    data = [{"tokens": rng.integers(0, config.vocab_size, (batch, seq)).astype(np.int32)}
+            for _ in range(warmup + steps)]
+    contenders, results, states_bytes, temp_bytes = {}, {}, 0, 0
+    for name in names:
+        ours_label, make_ours, baselines = PAIRS[name]
+        for label, make in baselines + [(ours_label, make_ours)]:
+            if label in skip:
+                continue
+            log(f"{workload}: building {label}")
+            contender = make(config, tx)
+            r = results[label] = {"pair": name, "ours": label == ours_label,
+                                  **analyse(workload, label, contender, data[0],
+                                            name in hlo_pairs), "times": [], "losses": []}
+            n = _devices(contender.state)
+            need = states_bytes + r["args"] * n + max(temp_bytes, r["temp"] * n)
+            if need > max_bytes:
+                r["skipped"] = (f"not run: states + largest temporaries over all devices "
+                                f"{need / 1e9:.1f} GB > --max-gb {max_bytes / 1e9:g}")
+                log(f"{workload}: {label} {r['skipped']}")
+                del contender
+                continue
+            contenders[label] = contender
+            states_bytes += r["args"] * n
+            temp_bytes = max(temp_bytes, r["temp"] * n)
+    states = {k: c.state for k, c in contenders.items()}
+    for c in contenders.values():
+        c.state = None
     for i in range(warmup + steps):
-        data = {"tokens": rng.integers(0, 256, (batch, seq)).astype(np.int32)}
-        for name, (_, run) in contenders.items():
-            states[name], seconds, _ = timed(run, states[name], data)
+        phase = "warm-up" if i < warmup else "step"
+        for label, c in contenders.items():
+            log(f"{workload}: {phase} {i + 1}/{warmup + steps} {label}")
+            states[label], seconds, loss = timed(c.run, states[label], data[i])
+            results[label]["losses"].append(loss)
             if i >= warmup:
-                times[name].append(seconds)
-    flops = train_flops_per_token(config, seq) * batch * seq
-    rows = []
-    for name, ts in times.items():
-        t = statistics.median(ts)
-        tflops = flops / t / len(jax.devices()) / 1e12
-        rows.append((preset, name, batch * seq / t, t, tflops, 100 * tflops * 1e12 / peak))
-    return rows
+                results[label]["times"].append(seconds)
+        if i >= warmup:
+            log(f"{workload}: after step {i + 1}: " + ", ".join(
+                f"{k} {results[k]['times'][-1]:.3f}s" for k in contenders))
+    del states, contenders
+    gc.collect()
+    jax.clear_caches()
+    return results
+
+
+def print_header(workload: str, config, batch: int, seq: int) -> None:
+    n = jaxsmp.models.registry.count_params(config)
+    print(f"\n### {workload}: {n / 1e6:.1f}M parameters, seq {seq}, global batch {batch}\n")
+    print("| pair | contender | tokens/s (median) | tokens/s min–max | step s (median) "
+          "| ratio jaxsmp/baseline (of medians; paired median) | temp MB/device "
+          "| args MB/device | loss first→last |")
+    print("|---|---|---|---|---|---|---|---|---|")
+
+
+def print_rows(results: dict, batch: int, seq: int) -> None:
+    """A jaxsmp row's ratio is against its pair's first baseline; a further baseline's
+    row gives jaxsmp's ratio against it in brackets. Paired: the median over steps of
+    (baseline step time / jaxsmp step time of the same alternation round)."""
+    tokens = batch * seq
+    ours = {r["pair"]: r["times"] for r in results.values() if r["ours"] and r["times"]}
+    first: dict = {}
+    for label, r in results.items():
+        if not r["ours"] and r["times"]:
+            first.setdefault(r["pair"], r["times"])
+
+    def ratio(base, mine):
+        return (f"{statistics.median(base) / statistics.median(mine):.2f}; "
+                f"{statistics.median(b / o for b, o in zip(base, mine)):.2f}")
+    for label, r in results.items():
+        ts = r["times"]
+        if not ts:
+            print(f"| {r['pair']} | {label} | {r.get('skipped', 'not run')} | | | | "
+                  f"{r['temp'] / 1e6:.1f} | {r['args'] / 1e6:.1f} | |")
+            continue
+        med = statistics.median(ts)
+        if r["ours"]:
+            text = ratio(first[r["pair"]], ts) if r["pair"] in first else ""
+        elif ts is first[r["pair"]] or r["pair"] not in ours:
+            text = ""
+        else:
+            text = f"(jaxsmp/this: {ratio(ts, ours[r['pair']])})"
+        print(f"| {r['pair']} | {label} | {tokens / med:,.0f} | {tokens / max(ts):,.0f}–"
+              f"{tokens / min(ts):,.0f} | {med:.3f} | {text} | {r['temp'] / 1e6:.1f} | "
+              f"{r['args'] / 1e6:.1f} | {r['losses'][0]:.3f}→{r['losses'][-1]:.3f} |")
+    sys.stdout.flush()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--presets", nargs="+", default=["tiny", "125m"])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=["W0", "125m"], choices=WORKLOADS)
+    parser.add_argument("--contenders", nargs="+", default=list(PAIRS), choices=list(PAIRS),
+                        help="pairs to run (each jaxsmp contender with its baseline)")
+    parser.add_argument("--group", choices=("all", "pair"), default="all",
+                        help="alternate all contenders of a workload, or one pair at a time")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--skip", nargs="+", default=[], metavar="LABEL",
+                        help="contenders (by their label) to leave out")
+    parser.add_argument("--max-gb", type=float, default=14.0,
+                        help="run no contender whose compiled temporaries + arguments over "
+                             "all its devices exceed this (GB); it is analysed, not run")
+    parser.add_argument("--hlo", action="store_true",
+                        help="print the collectives of the compiled steps of --hlo-pairs")
+    parser.add_argument("--hlo-pairs", nargs="+", default=["c"], choices=list(PAIRS))
     args = parser.parse_args()
-    peak, source = peak_flops_per_device()
-    print(f"peak {peak / 1e12:.3g} TFLOP/s per device ({source}); "
-          f"medians of {args.steps} steps after {args.warmup} warm-up, alternating\n")
-    print("| preset | implementation | tokens/s | step time (s) | TFLOP/s/device | MFU | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for preset in args.presets:
-        rows = measure(preset, args.steps, args.warmup, args.batch, args.seq, peak)
-        base = rows[0][2]
-        for p, name, tps, t, tf, mfu in rows:
-            print(f"| {p} | {name} | {tps:,.0f} | {t:.3f} | {tf:.4f} | {mfu:.1f}% | {tps / base:.2f} |")
+    print(f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} devices; "
+          f"medians of {args.steps} steps after {args.warmup} warm-up, contenders alternating "
+          f"step by step ({'all at once' if args.group == 'all' else 'one pair at a time'}); "
+          f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
+    for workload in args.workloads:
+        config = WORKLOADS[workload]()
+        groups = [args.contenders] if args.group == "all" else [[c] for c in args.contenders]
+        hlo_pairs = args.hlo_pairs if args.hlo else []
+        print_header(workload, config, args.batch, args.seq)
+        tables = {}
+        for names in groups:  # rows printed as each group finishes
+            results = measure_group(workload, config, names, args.steps, args.warmup,
+                                    args.batch, args.seq, hlo_pairs, args.max_gb * 1e9,
+                                    args.skip)
+            print_rows(results, args.batch, args.seq)
+            tables.update({k: r["hlo"] for k, r in results.items() if "hlo" in r})
+        for label, table in tables.items():
+            print_collectives(workload, label, table)
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
