@@ -68,6 +68,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxsmp  # noqa: E402
+from jaxsmp.metrics.hlo import computations, shape_bytes  # noqa: E402
 
 WORKLOADS = {
     "W0": lambda: jaxsmp.models.preset(
@@ -246,17 +247,8 @@ PAIRS = {
 
 # ---------------------------------------------------------------- compiled HLO collectives
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTR = re.compile(r"^(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
-_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-
-
-def _shape_bytes(type_text: str) -> int:
-    return sum(_BYTES[t] * math.prod(int(d) for d in dims.split(",") if d)
-               for t, dims in _ARRAY.findall(type_text))
 
 
 def _group_size(attrs: str) -> str:
@@ -283,16 +275,7 @@ def hlo_collectives(text: str) -> dict:
     from compiled HLO text. Collectives inside while bodies are multiplied by the loop's
     known trip count (XLA's ``known_trip_count``); ``where`` says ``loop xN`` or
     ``loop x?`` (unknown trip count: counted once) or ``top``."""
-    comps: dict[str, list[str]] = {}
-    entry = current = None
-    for line in text.splitlines():
-        h = _HEADER.match(line)
-        if h and not line.startswith(" "):
-            current = h.group(2)
-            comps[current] = []
-            entry = current if h.group(1) else entry
-        elif current is not None and line.startswith(" "):
-            comps[current].append(line.strip())
+    comps, entry = computations(text)
     out: dict = {}
 
     def visit(name: str, mult: int, where: str, stack: tuple) -> None:
@@ -305,7 +288,7 @@ def hlo_collectives(text: str) -> dict:
             type_text, op, rest = m.group(2), m.group(3), m.group(4)
             kind = op[:-6] if op.endswith("-start") else op
             if kind in COLLECTIVES and not op.endswith("-done"):
-                nbytes = _shape_bytes(type_text)
+                nbytes = shape_bytes(type_text)
                 if op.endswith("-start") and type_text.startswith("("):
                     nbytes //= 2  # (operand, result) tuple: count the result only
                 row = out.setdefault((kind, _group_size(rest), where), [0, 0, 0])

@@ -5,39 +5,15 @@ XLA's passes, not from the program JAX lowered.
 """
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+from jaxsmp.metrics.hlo import ARRAY, computations, shape_bytes  # noqa: F401 (re-exported)
+
 _CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
                      r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
-_ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
-
-
-def computations(text: str) -> tuple[dict[str, list[str]], str]:
-    """({computation name: instruction lines}, entry computation name)."""
-    comps: dict[str, list[str]] = {}
-    entry, current = "", None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header and not line.startswith(" "):
-            current = header.group(2)
-            comps[current] = []
-            entry = current if header.group(1) else entry
-        elif current is not None and line.startswith(" "):
-            comps[current].append(line.strip())
-    return comps, entry
-
-
-def shape_bytes(type_text: str) -> int:
-    """Bytes of every array in an HLO type (a shape or a tuple of shapes)."""
-    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims in _ARRAY.findall(type_text))
 
 
 def _reachable(comps: dict[str, list[str]], root: str) -> set[str]:
@@ -127,9 +103,9 @@ def dot_input_dtypes(text: str) -> list[tuple[str, ...]]:
         called = re.search(r"calls=%?([\w.\-]+)", attrs)
         if op == "fusion" and called:
             params = [l for l in comps.get(called.group(1), []) if " parameter(" in l]
-            return tuple(sorted({t for l in params for t, _ in _ARRAY.findall(l.split(" = ")[1]
+            return tuple(sorted({t for l in params for t, _ in ARRAY.findall(l.split(" = ")[1]
                                                                               .split(" ")[0])}))
-        return tuple(t for t, _ in _ARRAY.findall(type_text))
+        return tuple(t for t, _ in ARRAY.findall(type_text))
 
     dots = []
     for type_text, op, operands, _ in defs.values():

@@ -41,9 +41,8 @@ reference, reference_norm = gradients(jaxsmp.Mesh(devices=jax.local_devices()[:1
 reference = [np.asarray(g) for g in reference]
 
 
-def check(mesh_spec: str, collectives: str) -> None:
+def check(mesh_spec: str, degrees: dict, collectives: str) -> None:
     """This process's gradient shards and grad_norm against the single-device run."""
-    degrees = {k: int(v) for k, v in (kv.split("=") for kv in mesh_spec.split(","))}
     grads, norm = gradients(jaxsmp.Mesh(**degrees, collectives=collectives))
     for i, (g, want) in enumerate(zip(grads, reference)):
         for shard in g.addressable_shards:
@@ -56,9 +55,9 @@ def check(mesh_spec: str, collectives: str) -> None:
 
 
 for mesh_spec in sys.argv[1:]:
-    for collectives in ("xla", "ffi"):
-        check(mesh_spec, collectives)
     degrees = {k: int(v) for k, v in (kv.split("=") for kv in mesh_spec.split(","))}
+    for collectives in ("xla", "ffi"):
+        check(mesh_spec, degrees, collectives)
     _, ref = train(config, jaxsmp.Mesh(**degrees, collectives="xla"), tokens)
     _, losses = train(config, jaxsmp.Mesh(**degrees, collectives="ffi"), tokens)
     np.testing.assert_allclose(losses, ref, rtol=1e-5, err_msg=mesh_spec)

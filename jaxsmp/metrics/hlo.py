@@ -1,0 +1,35 @@
+"""Reading compiled HLO text (``compiled.as_text()``): its computations and array bytes.
+
+Shared by the structure tests (``tests/jaxsmp/hlo.py``) and the benchmarks' collective
+counts (``bench/train_throughput.py --hlo``).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
+
+
+def computations(text: str) -> tuple[dict[str, list[str]], str]:
+    """({computation name: instruction lines}, entry computation name)."""
+    comps: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            comps[current] = []
+            entry = current if header.group(1) else entry
+        elif current is not None and line.startswith(" "):
+            comps[current].append(line.strip())
+    return comps, entry
+
+
+def shape_bytes(type_text: str) -> int:
+    """Bytes of every array in an HLO type (a shape or a tuple of shapes)."""
+    return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+               for dtype, dims in ARRAY.findall(type_text))
