@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import re
 import statistics
@@ -68,7 +67,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jaxsmp  # noqa: E402
-from jaxsmp.metrics.hlo import computations, shape_bytes  # noqa: E402
+from jaxsmp.metrics.hlo import computations, group_size, shape_bytes  # noqa: E402
 
 WORKLOADS = {
     "W0": lambda: jaxsmp.models.preset(
@@ -251,25 +250,6 @@ _INSTR = re.compile(r"^(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
-def _group_size(attrs: str) -> str:
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)   # iota form [groups,size]
-    if m:
-        return m.group(2)
-    # mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: over the named axes
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\([^)]*\))?( \{[^}]*\})?",
-                  attrs)
-    if m:
-        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-        names = re.findall(r"'(\w+)'", m.group(2)) if m.group(2) else list(sizes)
-        return str(math.prod(int(sizes[a]) for a in names))
-    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
-    if m:
-        return str(len(m.group(1).split(",")))
-    if "source_target_pairs" in attrs:
-        return "pairs"
-    return "all"
-
-
 def hlo_collectives(text: str) -> dict:
     """{(op, group size, where): [static count, count per step, result bytes per step]}
     from compiled HLO text. Collectives inside while bodies are multiplied by the loop's
@@ -291,7 +271,7 @@ def hlo_collectives(text: str) -> dict:
                 nbytes = shape_bytes(type_text)
                 if op.endswith("-start") and type_text.startswith("("):
                     nbytes //= 2  # (operand, result) tuple: count the result only
-                row = out.setdefault((kind, _group_size(rest), where), [0, 0, 0])
+                row = out.setdefault((kind, group_size(rest), where), [0, 0, 0])
                 row[0] += 1
                 row[1] += mult
                 row[2] += mult * nbytes

@@ -33,3 +33,24 @@ def shape_bytes(type_text: str) -> int:
     """Bytes of every array in an HLO type (a shape or a tuple of shapes)."""
     return sum(_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
                for dtype, dims in ARRAY.findall(type_text))
+
+
+def group_size(attrs: str) -> str:
+    """The number of devices in each group of a collective, from its HLO attributes
+    ("pairs" for a collective-permute, "all" without replica groups)."""
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)   # iota form [groups,size]
+    if m:
+        return m.group(2)
+    # mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: over the named axes
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\([^)]*\))?( \{[^}]*\})?",
+                  attrs)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        names = re.findall(r"'(\w+)'", m.group(2)) if m.group(2) else list(sizes)
+        return str(math.prod(int(sizes[a]) for a in names))
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if m:
+        return str(len(m.group(1).split(",")))
+    if "source_target_pairs" in attrs:
+        return "pairs"
+    return "all"

@@ -8,7 +8,13 @@ matching reduce-scatter, in float32: gradients are summed at full precision what
 the compute dtype (XLA:CPU also miscompiles bf16 reduce-scatters inside loops, jax
 0.10.2). Small parameters share one collective over a flat byte buffer (a bucket);
 a parameter alone is a bucket of one. Parameters split over ``tp`` are never
-flattened: a flat view of a ``tp``-split array would make GSPMD gather it over ``tp``.
+flattened: a flat view of a ``tp``-split array would need the whole ``tp`` group's data.
+
+``tp`` is automatic in the step, but a collective over a manual axis is opaque to
+GSPMD, which would make its operand whole over ``tp`` first (all-gathering every
+``tp``-split shard over ``tp`` before the ``sdp`` gather, and every full gradient before
+the reduce-scatter). So each gather and reduce-scatter runs in a nested ``shard_map``
+manual over ``tp`` as well, on the local ``tp`` slices (:func:`_over_tp`).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 import collectives
 from jaxsmp.nn.param import is_var
@@ -47,6 +54,29 @@ def _sdp_dim(axes: tuple, ndim: int) -> int | None:
 def sdp_dim(variable: nnx.Variable) -> int | None:
     """The dimension of ``variable``'s value split over sdp (None: not split)."""
     return _sdp_dim(mesh_axes(variable), variable[...].ndim)
+
+
+def tp_spec(variable: nnx.Variable) -> P | None:
+    """Where ``variable``'s value is split over tp, as a spec naming only tp; None when
+    its sdp dimension is split over tp too (a 1-D column-parallel bias): the step's
+    ``shard_map`` makes each sdp block contiguous, so one tp slice of the gathered
+    array would not be the sdp gather of this device's tp slices."""
+    axes = mesh_axes(variable)
+    axes = axes[len(axes) - variable[...].ndim:]
+    dim = sdp_dim(variable)
+    if dim is not None and "tp" in _names(axes[dim]):
+        return None
+    return P(*["tp" if "tp" in _names(d) else None for d in axes])
+
+
+def _over_tp(fn: Callable, in_specs, out_specs: list[P | None]) -> Callable:
+    """``fn`` manual over tp too, when the mesh has an automatic tp of size > 1 and every
+    spec is known (see the module docstring); else ``fn``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if (mesh.empty or mesh.shape.get("tp", 1) == 1 or "tp" in mesh.manual_axes
+            or any(s is None for s in out_specs)):
+        return fn
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names={"tp"})
 
 
 def _gather_list(shards: list[jax.Array], flat: bool, algorithm: str) -> list[jax.Array]:
@@ -120,9 +150,11 @@ def gather_tree(state: nnx.State, dtype, algorithm: str,
     for i in cast:
         out[i] = variables[i].replace(variables[i][...].astype(dtype))
     for group in groups:
-        full = gather_shards([variables[i][...] for i in group],
-                             tuple(sdp_dim(variables[i]) for i in group), dtype, algorithm,
-                             len(group) > 1)
+        dims = tuple(sdp_dim(variables[i]) for i in group)
+        specs = [tp_spec(variables[i]) for i in group]
+        gather = _over_tp(lambda s: gather_shards(s, dims, dtype, algorithm, len(s) > 1),
+                          (specs,), specs)
+        full = gather([variables[i][...] for i in group])
         for i, value in zip(group, full):
             out[i] = variables[i].replace(value)
     return jax.tree.unflatten(treedef, out)
@@ -142,8 +174,11 @@ def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
         out[i] = variables[i].replace(values[i].astype(variables[i][...].dtype))
     for group in groups:
         dims = tuple(sdp_dim(variables[i]) for i in group)
-        summed = _gather_bwd(dims, dtype, algorithm, len(group) > 1,
-                             [variables[i][...] for i in group], [values[i] for i in group])[0]
+        specs = [tp_spec(variables[i]) for i in group]
+        scatter = _over_tp(
+            lambda shards, g: _gather_bwd(dims, dtype, algorithm, len(g) > 1, shards, g)[0],
+            (specs, specs), specs)
+        summed = scatter([variables[i][...] for i in group], [values[i] for i in group])
         for i, value in zip(group, summed):
             out[i] = variables[i].replace(value)
     return jax.tree.unflatten(treedef, out)

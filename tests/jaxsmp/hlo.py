@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxsmp.metrics.hlo import ARRAY, computations, shape_bytes  # noqa: F401 (re-exported)
+from jaxsmp.metrics.hlo import (ARRAY, computations, group_size,  # noqa: F401 (re-exported)
+                                shape_bytes)
 
 _CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
                      r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
@@ -35,6 +36,11 @@ class Collective:
     result_bytes: int
     operand_bytes: int
     line: str
+
+    @property
+    def group(self) -> str:
+        """Devices per group (see :func:`jaxsmp.metrics.hlo.group_size`)."""
+        return group_size(self.line)
 
 
 def _collectives(lines: list[str], operand_types: dict[str, str]) -> list[Collective]:
