@@ -25,16 +25,6 @@ def check_collectives(name: str) -> str:
     return name
 
 
-def check_collectives_on(name: str, tp: int) -> str:
-    """``name`` if it can serve a mesh with this ``tp``: ``ffi`` needs ``tp == 1``."""
-    if name == "ffi" and tp > 1:
-        raise ValueError(
-            f"collectives='ffi' does not support tp > 1 (got tp={tp}): its custom call would "
-            f"run on each tp device under XLA's automatic partitioning, which gave wrong "
-            f"gradients in tests; use 'xla' or 'auto' (auto never picks ffi under tp)")
-    return name
-
-
 def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.ndarray:
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
     return np.asarray(ordered, dtype=object).reshape(shape)
@@ -91,7 +81,6 @@ class Mesh:
             object.__setattr__(self, name, value)
         grid = _device_grid(devices, tuple(degrees[a] for a in AXES))
         object.__setattr__(self, "jax_mesh", jax.sharding.Mesh(grid, AXES))
-        check_collectives_on(self.collectives, self.tp)
 
     @property
     def shape(self) -> dict[str, int]:

@@ -3,9 +3,11 @@
 A tag hashes the caller's module and line (the first frame outside ``collectives`` and the
 JAX/Flax internals), JAX's name stack there (``jvp``/``transpose``/``while`` ... tell the
 forward, backward and loop bodies apart), the operation, axis, shape and dtype, and how many
-identical keys came earlier in the same trace (two gathers of equal shape from one line).
-Every process traces the same program, so every process computes the same tags, whatever
-else it traced before; retracing gives the same tags again.
+identical keys came earlier in the same outermost trace (the jit's), which tells apart two
+gathers of equal shape from one line, even when each runs in a nested ``shard_map`` or
+``vmap`` traced afresh. Every process traces the same program, so every process computes
+the same tags, whatever else it traced before or in which order; retracing gives the same
+tags again.
 """
 from __future__ import annotations
 
@@ -37,12 +39,21 @@ def _name_stack() -> str:
         return ""
 
 
+def _root(trace):
+    """The outermost trace being built that ``trace`` is nested in (a nested map, loop body
+    or transformation traces in a trace of its own, whose parent is the enclosing one)."""
+    while (parent := getattr(trace, "parent_trace", None)) is not None \
+            and type(parent).__name__ != "EvalTrace":
+        trace = parent
+    return trace
+
+
 def _occurrence(key: str) -> int:
-    """How many times ``key`` was seen before in the current trace (0 outside one)."""
+    """How many times ``key`` was seen before in the current outermost trace (0 outside
+    one)."""
     try:
         from jax._src import core
-        trace = core.trace_ctx.trace
-        counts = _seen.setdefault(trace, Counter())
+        counts = _seen.setdefault(_root(core.trace_ctx.trace), Counter())
     except (ImportError, AttributeError, TypeError):
         return 0
     counts[key] += 1

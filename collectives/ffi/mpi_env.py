@@ -62,11 +62,6 @@ def usable(mesh, names: tuple[str, ...]) -> tuple[bool, str]:
         return False, str(e)
     if groups.processes == 1:
         return False, f"every group of axis {names} lives in one process"
-    context = jax.sharding.get_abstract_mesh()
-    automatic = [n for n in context.axis_names if n not in context.manual_axes
-                 and context.shape[n] > 1] if not context.empty else []
-    if automatic:
-        return False, f"mesh axes {automatic} are automatic here (ffi needs them manual)"
     if jax.default_backend() not in ("cpu", "gpu"):
         return False, f"no ffi handlers for backend {jax.default_backend()!r}"
     from collectives.ffi.build import BuildError

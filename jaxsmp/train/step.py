@@ -23,7 +23,6 @@ import optax
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxsmp.mesh import check_collectives_on
 from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import check_offloads
 from jaxsmp.nn.stack import is_stacked
@@ -60,8 +59,7 @@ class _Step:
         functools.update_wrapper(self, fn)
 
     def _collectives(self, state: TrainState) -> str:
-        return check_collectives_on(self.options.collectives or state.mesh.collectives,
-                                    state.mesh.tp)
+        return self.options.collectives or state.mesh.collectives
 
     def _forward(self, state: TrainState):
         platform = state.mesh.jax_mesh.devices.flat[0].platform

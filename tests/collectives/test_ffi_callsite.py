@@ -42,3 +42,27 @@ def test_the_call_site_is_the_first_frame_outside_the_library():
     def user_code():
         return callsite.caller()
     assert user_code().startswith(f"{__name__}:")
+
+
+def _nested_tags():
+    """Tags of two equal calls, each traced in a nested map of its own (as jaxsmp's gathers
+    are, manual over tp)."""
+    seen = []
+
+    def record(x):
+        seen.append(callsite.tag("ag", "x", x.shape, x.dtype, UB)[0])
+        return x
+
+    def body(a, b):
+        return jax.vmap(record)(a) + jax.vmap(record)(b)  # each vmap traces afresh
+    jax.make_jaxpr(body)(jnp.ones((2, 4)), jnp.ones((2, 4)))
+    return seen
+
+
+def test_equal_calls_in_separate_nested_traces_get_distinct_tags(monkeypatch):
+    first = _nested_tags()
+    assert len(set(first)) == 2
+    assert _nested_tags() == first  # a new outermost trace counts afresh
+    # counting per innermost trace, each nested trace counts from 0: the tags collide
+    monkeypatch.setattr(callsite, "_root", lambda trace: trace)
+    assert len(set(_nested_tags())) == 1

