@@ -42,6 +42,9 @@ class TrainConfig:
     virtual_chunks: int = _f(2, "step", "layer chunks per pipeline stage for --pipeline virtual")
     precision: str = _f("fp32", "step", "fp32, bf16 or fp16 (dynamic loss scaling)")
     remat: str = _f("none", "step", "activation checkpointing: none, full, save_matmuls, offload")
+    sequence_parallel: bool = _f(False, "step", "Megatron sequence parallelism: activations "
+                                 "between the tp matmuls split over tp on the sequence "
+                                 "(needs --tp > 1)")
     lr: float = _f(3e-3, "step", "peak learning rate (linear warm-up, cosine decay to 10%%)")
     warmup: int = _f(20, "step", "warm-up steps")
     weight_decay: float = _f(0.1, "step", "AdamW weight decay")

@@ -121,7 +121,8 @@ def _header(run: Run, peak: float, peak_source: str) -> None:
 def _compiled_steps(cfg: TrainConfig):
     train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
                       precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
-                      pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks)
+                      pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks,
+                      sequence_parallel=cfg.sequence_parallel)
     return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision)
 
 

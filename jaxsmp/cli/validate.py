@@ -83,6 +83,9 @@ def check_config(cfg) -> None:
         _check_type(f.name, value, field_kinds(f))
         _check_value(f.name, value)
     _check_profile_steps(cfg)
+    if cfg.sequence_parallel and cfg.tp == 1:
+        raise ConfigError("sequence_parallel splits activations over tp, but tp is 1; "
+                          "set tp > 1 or drop sequence_parallel")
     if cfg.init_from_hf is None and cfg.preset not in FAMILIES[cfg.model]:
         raise ConfigError(f"unknown {cfg.model} preset {cfg.preset!r}; valid: "
                           f"{', '.join(FAMILIES[cfg.model])}")

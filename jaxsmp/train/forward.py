@@ -3,7 +3,8 @@
 Top-level parameters are gathered over ``sdp`` once per call; stacked layers are
 gathered one at a time inside the :class:`~jaxsmp.nn.Stack`'s scan
 (:func:`~jaxsmp.train.layer_scan.zero3_scan`, installed through the
-:class:`~jaxsmp.nn.LayerContext` with the remat policy and prefetch), which also
+:class:`~jaxsmp.nn.LayerContext` with the remat policy and prefetch, and with
+``sequence_parallel`` the sequence split of :mod:`jaxsmp.train.sequence_parallel`), which also
 carries the pipeline's stage runner and the sharded embedding lookup.
 """
 from __future__ import annotations
@@ -23,15 +24,17 @@ from jaxsmp.train.options import StepOptions
 from jaxsmp.train.layer_scan import zero3_scan
 from jaxsmp.train.param_gather import gather_tree, scatter_tree, sdp_dim
 from jaxsmp.train.precision import precision_policy
+from jaxsmp.train.sequence_parallel import over_sequence
 
 LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
 
 
 def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
-                  collectives_name: str, platform: str) -> Callable:
-    """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)`` for
-    devices of ``platform``."""
+                  collectives_name: str, mesh: jax.sharding.Mesh) -> Callable:
+    """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)`` on
+    ``mesh``'s devices."""
     dtype = precision_policy(options.precision).compute_dtype
+    platform = mesh.devices.flat[0].platform
 
     def forward(params: nnx.State, batch: Any, stage_runner=None):
         # Embed tables sharded on their columns are looked up from their shards (no
@@ -47,6 +50,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
             zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
             scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
+        if options.sequence_parallel:
+            scan = over_sequence(scan, mesh)
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
                            embed_lookup=lookup_hook(params, top, tables, dtype))
         with layer_context(ctx):

@@ -25,7 +25,10 @@ class StepOptions:
     while one computes, and reduce-scatter a layer's gradient while the next one's
     backward runs; ``None`` (default): on where collectives run beside compute (GPU),
     off elsewhere (XLA:CPU runs them in line, so prefetch would only cost memory:
-    about 2.5 gathered float32 layers on W0, see tests/jaxsmp/test_zero3_memory.py). ``pipeline`` (when the mesh has
+    about 2.5 gathered float32 layers on W0, see tests/jaxsmp/test_zero3_memory.py).
+    ``sequence_parallel`` (needs tp > 1): Megatron sequence parallelism, activations
+    between the tensor-parallel matmuls split over tp on the sequence
+    (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
     stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
     the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
@@ -36,6 +39,7 @@ class StepOptions:
     collectives: str | None = None
     bucket: bool = True
     prefetch: bool | None = None
+    sequence_parallel: bool = False
     pipeline: str = "simple"
     virtual_chunks: int = 2
 
@@ -56,6 +60,9 @@ class StepOptions:
         if self.prefetch not in (None, True, False):
             raise ValueError(f"prefetch must be True, False or None (on GPUs), "
                              f"got {self.prefetch!r}")
+        if self.sequence_parallel not in (True, False):
+            raise ValueError(f"sequence_parallel must be True or False, "
+                             f"got {self.sequence_parallel!r}")
 
     def prefetches(self, platform: str) -> bool:
         """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...)."""

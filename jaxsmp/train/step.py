@@ -37,6 +37,10 @@ from jaxsmp.train.update import apply_gradients
 
 
 def _plan(state: TrainState, options: StepOptions) -> PipelinePlan:
+    """The pipeline plan; settings the mesh cannot serve fail here, before compiling."""
+    if options.sequence_parallel and state.mesh.tp == 1:
+        raise ValueError("sequence_parallel=True splits activations over tp, but the mesh "
+                         "has tp=1; use a mesh with tp > 1 or sequence_parallel=False")
     stacked = [v for v in jax.tree.leaves(state.params, is_leaf=is_var) if is_stacked(v)]
     return PipelinePlan(stages=state.mesh.pp, schedule=options.pipeline,
                         microbatches=options.microbatches,
@@ -62,9 +66,8 @@ class _Step:
         return self.options.collectives or state.mesh.collectives
 
     def _forward(self, state: TrainState):
-        platform = state.mesh.jax_mesh.devices.flat[0].platform
         return local_forward(self.fn, state.graphdef, self.options, self._collectives(state),
-                             platform)
+                             state.mesh.jax_mesh)
 
     def _place(self, state: TrainState, batch: Any, microbatches: int) -> Any:
         return place_batch(batch, state.mesh, microbatches, _vocab_size(state))

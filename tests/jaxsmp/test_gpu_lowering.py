@@ -47,7 +47,7 @@ def gpu_stand_in(monkeypatch):
     monkeypatch.setattr(gpu_info, "get_gpu_info", lambda: h100)
 
 
-def _lower(family: str, name: str, precision: str):
+def _lower(family: str, name: str, precision: str, sequence_parallel: bool = False):
     config = jaxsmp.models.preset(family, name)
     layers = {"n_layer": 2} if family == "bloom" else {"num_hidden_layers": 2}
     dtype = jax.numpy.bfloat16 if precision == "bf16" else jax.numpy.float32
@@ -59,7 +59,8 @@ def _lower(family: str, name: str, precision: str):
     mesh = jaxsmp.Mesh(sdp=4, tp=2)
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)
     batch = {"tokens": jax.ShapeDtypeStruct((8, SEQ), np.int32)}
-    step = jaxsmp.step(causal_lm_loss, precision=precision, remat="full")
+    step = jaxsmp.step(causal_lm_loss, precision=precision, remat="full",
+                       sequence_parallel=sequence_parallel)
     return impl, step.lower(state, batch, platforms=("cuda",))
 
 
@@ -70,10 +71,15 @@ def _partitioners(lowered, text: str) -> list[str]:
     return [f"{i.partition.__module__}.{i.partition.__qualname__}" for i in infos]
 
 
-@pytest.mark.parametrize("family, name, precision", CASES)
+# and with sequence parallelism, once per attention kernel (cuDNN, Pallas)
+SEQUENCE_PARALLEL = [(*c, False) for c in CASES] + [("gpt_neox", "125m", "bf16", True),
+                                                     ("gpt_neox", "20b", "fp32", True)]
+
+
+@pytest.mark.parametrize("family, name, precision, sequence_parallel", SEQUENCE_PARALLEL)
 def test_train_step_lowers_for_cuda_with_the_gpu_attention_kernel(gpu_stand_in, family, name,
-                                                                  precision):
-    impl, lowered = _lower(family, name, precision)
+                                                                  precision, sequence_parallel):
+    impl, lowered = _lower(family, name, precision, sequence_parallel)
     text = lowered.as_text()
     calls = re.findall(r"stablehlo\.custom_call @([\w$.]+)", text)
     if impl == "cudnn":

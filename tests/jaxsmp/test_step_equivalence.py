@@ -30,6 +30,10 @@ MESHES = {
     "pp2-sdp4-interleaved": (dict(pp=2, sdp=4), dict(microbatches=4, pipeline="interleaved")),
     "pp2-sdp4-virtual": (dict(pp=2, sdp=4), dict(microbatches=4, pipeline="virtual")),
     "pp2-sdp2-tp2": (dict(pp=2, sdp=2, tp=2), dict(microbatches=4)),
+    "sdp4-tp2-seqpar": (dict(sdp=4, tp=2), dict(sequence_parallel=True)),
+    "tp8-seqpar": (dict(tp=8), dict(sequence_parallel=True)),
+    "pp2-sdp2-tp2-seqpar": (dict(pp=2, sdp=2, tp=2), dict(microbatches=4,
+                                                         sequence_parallel=True)),
 }
 
 
