@@ -12,13 +12,17 @@ the calibration cached for this host and backend, see :mod:`collectives.profile`
 ``timeout``: seconds an ``ffi`` collective waits for its peers before it fails.
 Nested scopes keep the outer scope's values for what they do not set. A scope is read
 while tracing, so set it around the traced call, not around a call of an
-already-compiled function.
+already-compiled function. ``one_program=True`` declares that the block traces exactly
+one program (as a training step's scope does): the ``ffi`` MPI tags then count equal
+calls across all its nested traces (:mod:`collectives.ffi.callsite`), so that two
+collectives of equal shape in separate nested maps never share a tag.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -32,6 +36,8 @@ class Scope:
     mesh: jax.sharding.Mesh | None = None
     cost_model: Any = None  # collectives.CostModel; None: cached calibration or defaults
     timeout: float | None = None  # None: $JAXSMP_COLLECTIVES_TIMEOUT or 300 s
+    # ffi tag keys counted so far in the enclosing one-program scope (else None)
+    occurrences: Counter | None = dataclasses.field(default=None, compare=False)
 
 
 _CURRENT = contextvars.ContextVar("collectives_scope", default=Scope())
@@ -44,10 +50,13 @@ def current() -> Scope:
 
 @contextlib.contextmanager
 def scope(*, mesh: jax.sharding.Mesh | None = _UNSET, cost_model: Any = _UNSET,
-          timeout: float | None = _UNSET) -> Iterator[Scope]:
-    """Set ``mesh``, ``cost_model`` and/or ``timeout`` for the collectives traced inside."""
+          timeout: float | None = _UNSET, one_program: bool = False) -> Iterator[Scope]:
+    """Set ``mesh``, ``cost_model`` and/or ``timeout`` for the collectives traced inside;
+    ``one_program``: the block traces one program (see the module docstring)."""
     given = {k: v for k, v in dict(mesh=mesh, cost_model=cost_model, timeout=timeout).items()
              if v is not _UNSET}
+    if one_program:
+        given["occurrences"] = Counter()
     if given.get("timeout") is not None and not given["timeout"] > 0:
         raise ValueError(f"timeout={given['timeout']!r} must be a positive number of seconds")
     token = _CURRENT.set(dataclasses.replace(_CURRENT.get(), **given))

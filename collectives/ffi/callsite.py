@@ -3,11 +3,12 @@
 A tag hashes the caller's module and line (the first frame outside ``collectives`` and the
 JAX/Flax internals), JAX's name stack there (``jvp``/``transpose``/``while`` ... tell the
 forward, backward and loop bodies apart), the operation, axis, shape and dtype, and how many
-identical keys came earlier in the same outermost trace (the jit's), which tells apart two
-gathers of equal shape from one line, even when each runs in a nested ``shard_map`` or
-``vmap`` traced afresh. Every process traces the same program, so every process computes
-the same tags, whatever else it traced before or in which order; retracing gives the same
-tags again.
+identical keys came earlier: in the enclosing ``collectives.scope(one_program=True)``
+(a training step's), else in the same trace. JAX traces a nested ``shard_map`` or loop
+body afresh, without a link to the enclosing trace, so only the one-program scope tells
+apart two gathers of equal shape traced in separate nested maps. Every process traces
+the same program, so every process computes the same tags, whatever else it traced
+before or in which order; retracing gives the same tags again.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import hashlib
 import sys
 import weakref
 from collections import Counter
+
+from collectives import context
 
 _INTERNAL = ("collectives.", "jax.", "jaxlib.", "flax.", "contextlib", "functools")
 _seen: "weakref.WeakKeyDictionary[object, Counter]" = weakref.WeakKeyDictionary()
@@ -39,23 +42,16 @@ def _name_stack() -> str:
         return ""
 
 
-def _root(trace):
-    """The outermost trace being built that ``trace`` is nested in (a nested map, loop body
-    or transformation traces in a trace of its own, whose parent is the enclosing one)."""
-    while (parent := getattr(trace, "parent_trace", None)) is not None \
-            and type(parent).__name__ != "EvalTrace":
-        trace = parent
-    return trace
-
-
 def _occurrence(key: str) -> int:
-    """How many times ``key`` was seen before in the current outermost trace (0 outside
-    one)."""
-    try:
-        from jax._src import core
-        counts = _seen.setdefault(_root(core.trace_ctx.trace), Counter())
-    except (ImportError, AttributeError, TypeError):
-        return 0
+    """How many times ``key`` was seen before in the enclosing one-program scope, else in
+    the current trace (0 outside both)."""
+    counts = context.current().occurrences
+    if counts is None:
+        try:
+            from jax._src import core
+            counts = _seen.setdefault(core.trace_ctx.trace, Counter())
+        except (ImportError, AttributeError, TypeError):
+            return 0
     counts[key] += 1
     return counts[key] - 1
 

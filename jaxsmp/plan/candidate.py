@@ -108,6 +108,8 @@ class Candidate:
             options["pipeline"] = self.schedule
             if self.schedule == "virtual":
                 options["virtual_chunks"] = self.virtual_chunks
+        if self.sequence_parallel:
+            options["sequence_parallel"] = True
         return options
 
     def label(self) -> str:

@@ -43,13 +43,14 @@ def batch_specs(batch: Any, mesh: Mesh) -> Any:
 def shard_map(body: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
     """``body`` manual over ``mesh.manual_axes``; with none (e.g. a ``tp``-only mesh)
     ``body`` itself, on the global arrays, which GSPMD partitions. The collectives
-    traced inside see the mesh (host groups for ``auto``, MPI groups for ``ffi``)."""
+    traced inside see the mesh (host groups for ``auto``, MPI groups for ``ffi``), in a
+    scope that traces one program (distinct ``ffi`` tags across nested maps)."""
     mapped = body if not mesh.manual_axes else jax.shard_map(
         body, mesh=mesh.jax_mesh, axis_names=set(mesh.manual_axes), in_specs=in_specs,
         out_specs=out_specs)
 
     def run(*args):
-        with collectives.scope(mesh=mesh.jax_mesh):
+        with collectives.scope(mesh=mesh.jax_mesh, one_program=True):
             return mapped(*args)
     return run
 

@@ -1,7 +1,10 @@
 """MPI tags come from where a collective is traced, identically on every process."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
+import collectives
 from collectives.ffi import callsite
 
 UB = (1 << 29) - 1
@@ -44,9 +47,9 @@ def test_the_call_site_is_the_first_frame_outside_the_library():
     assert user_code().startswith(f"{__name__}:")
 
 
-def _nested_tags():
+def _nested_tags(one_program: bool):
     """Tags of two equal calls, each traced in a nested map of its own (as jaxsmp's gathers
-    are, manual over tp)."""
+    are, manual over tp), in a one-program scope or in none."""
     seen = []
 
     def record(x):
@@ -55,14 +58,14 @@ def _nested_tags():
 
     def body(a, b):
         return jax.vmap(record)(a) + jax.vmap(record)(b)  # each vmap traces afresh
-    jax.make_jaxpr(body)(jnp.ones((2, 4)), jnp.ones((2, 4)))
+    with collectives.scope(one_program=True) if one_program else contextlib.nullcontext():
+        jax.make_jaxpr(body)(jnp.ones((2, 4)), jnp.ones((2, 4)))
     return seen
 
 
-def test_equal_calls_in_separate_nested_traces_get_distinct_tags(monkeypatch):
-    first = _nested_tags()
+def test_equal_calls_in_separate_nested_traces_of_one_program_get_distinct_tags():
+    first = _nested_tags(one_program=True)
     assert len(set(first)) == 2
-    assert _nested_tags() == first  # a new outermost trace counts afresh
-    # counting per innermost trace, each nested trace counts from 0: the tags collide
-    monkeypatch.setattr(callsite, "_root", lambda trace: trace)
-    assert len(set(_nested_tags())) == 1
+    assert _nested_tags(one_program=True) == first  # a new program counts afresh
+    # counted per trace, each nested trace counts from 0: the tags collide
+    assert len(set(_nested_tags(one_program=False))) == 1

@@ -13,6 +13,10 @@ def test_a_candidate_knows_its_world_batch_and_step_options():
     flat = Candidate(1, 8, 1, 1, 2, 4, "offload")
     assert flat.grad_accum == 4 and flat.offload and "pipeline" not in flat.step_options()
     assert flat.as_dict()["grad_accum"] == 4
+    # a sequence-parallel plan runs with the step's sequence parallelism
+    sp = Candidate(1, 4, 2, 1, 1, 1, sequence_parallel=True)
+    assert sp.step_options()["sequence_parallel"] is True
+    assert "sequence_parallel" not in flat.step_options()
 
 
 def test_bad_candidates_are_rejected_by_name():
