@@ -13,7 +13,9 @@
   faster than the loop; beyond it ``blockwise``, the same online-softmax algorithm as
   XLA loops, whose temporaries grow with ``s * block`` instead of ``s * s``.
 
-``reference`` materialises the scores (the tests' ground truth).
+``reference`` materialises the scores (the tests' ground truth); for the backward pass it
+keeps only the softmax probabilities (:func:`_reference`), not the scores, their
+exponentials and the masks that autodiff would otherwise save.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.blockwise import blockwise_attention
 from pallas_kernels.padding import pad_for_pallas
-from pallas_kernels.reference import attention_reference
+from pallas_kernels.reference import PROBS, attention_reference
 
 IMPLS = ("auto", "reference", "blockwise", "pallas", "cudnn")
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -143,8 +145,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     if impl != "pallas" and interpret is not None:
         raise ValueError(f"interpret applies to impl 'pallas' only, not {impl!r}")
     if impl == "reference":
-        return attention_reference(q, k, v, causal=causal, alibi_slopes=alibi_slopes,
-                                   segment_ids=segment_ids, softmax_scale=scale)
+        return _reference(q, k, v, alibi_slopes, segment_ids, scale, causal)
     if impl == "cudnn":
         return _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal)
     seq_len = q.shape[1]
@@ -160,3 +161,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
                        block_k, interpret)
     return blockwise_attention(q, k, v, alibi_slopes, segment_ids, scale, bool(causal),
                                block_q, block_k)
+
+
+def _reference(q, k, v, alibi_slopes, segment_ids, scale: float, causal: bool) -> jax.Array:
+    """:func:`attention_reference` saving only its probabilities for the backward pass:
+    their gradient needs nothing else, and the scores, exponentials and masks would add
+    four float32 and two bool [b, h, s, s] arrays per call (per layer, kept for the whole
+    backward pass by a layer scan)."""
+    def run(q, k, v, alibi_slopes, segment_ids):
+        return attention_reference(q, k, v, causal=causal, alibi_slopes=alibi_slopes,
+                                   segment_ids=segment_ids, softmax_scale=scale)
+    policy = jax.checkpoint_policies.save_only_these_names(PROBS)
+    return jax.checkpoint(run, policy=policy)(q, k, v, alibi_slopes, segment_ids)
