@@ -165,3 +165,22 @@ except ImportError as e:
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pallas needs:" in out.stdout
+
+
+def _score_sized_residuals(fn, q, k, v) -> int:
+    """How many [b, h, s, s] arrays the backward pass of ``fn`` keeps."""
+    _, pullback = jax.vjp(fn, q, k, v)
+    b, s, h, _ = q.shape
+    return sum(x.shape == (b, h, s, s) for x in jax.tree.leaves(pullback))
+
+
+def test_the_reference_keeps_only_its_probabilities_for_the_backward_pass() -> None:
+    q, k, v = _qkv()
+    kept = _score_sized_residuals(
+        lambda q, k, v: attention(q, k, v, causal=True, impl="reference"), q, k, v)
+    assert kept == 1
+    # plain autodiff of the same computation keeps the scores, exponentials and masks too
+    from pallas_kernels.reference import attention_reference
+    plain = _score_sized_residuals(
+        lambda q, k, v: attention_reference(q, k, v, causal=True), q, k, v)
+    assert plain > 1, plain
