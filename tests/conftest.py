@@ -1,15 +1,19 @@
 """Every test runs on 8 simulated CPU devices; set before JAX starts its backend.
 
 YNNPACK fusions are turned off so that XLA:CPU's memory_analysis() counts every
-buffer (they hide large ones otherwise). ``collectives="auto"`` reads no calibration a
-developer cached on this machine (tests that want one pass it), so tests see the same
-choices everywhere.
+buffer (they hide large ones otherwise). XLA:CPU aborts the process when a simulated
+device reaches a collective a minute after the others (a 20 s warning, then its 40 s
+rendezvous termination timeout); two test workers on two cores, one running an MPI job
+that busy-polls, can starve a device that long, so the tests allow 10 minutes.
+``collectives="auto"`` reads no calibration a developer cached on this machine (tests
+that want one pass it), so tests see the same choices everywhere.
 """
 import os
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_cpu_experimental_ynn_fusion_type="
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXSMP_COLLECTIVES_PROFILE_DIR"] = os.path.join(
