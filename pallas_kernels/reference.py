@@ -3,10 +3,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
-
-# the name of the softmax probabilities, for checkpoint policies (see attention.py)
-PROBS = "attention_probs"
 
 
 def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
@@ -33,7 +29,7 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
         mask = mask & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
     scores = jnp.where(mask, scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
-    probs = checkpoint_name(jnp.where(mask, probs, 0.0), PROBS)
+    probs = jnp.where(mask, probs, 0.0)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.astype(q.dtype)

@@ -174,12 +174,13 @@ def _score_sized_residuals(fn, q, k, v) -> int:
     return sum(x.shape == (b, h, s, s) for x in jax.tree.leaves(pullback))
 
 
-def test_the_reference_keeps_only_its_probabilities_for_the_backward_pass() -> None:
+def test_the_reference_keeps_nothing_score_sized_for_the_backward_pass() -> None:
     q, k, v = _qkv()
     kept = _score_sized_residuals(
         lambda q, k, v: attention(q, k, v, causal=True, impl="reference"), q, k, v)
-    assert kept == 1
-    # plain autodiff of the same computation keeps the scores, exponentials and masks too
+    assert kept == 0
+    # plain autodiff of the same computation keeps probabilities, scores, exponentials
+    # and masks
     from pallas_kernels.reference import attention_reference
     plain = _score_sized_residuals(
         lambda q, k, v: attention_reference(q, k, v, causal=True), q, k, v)
