@@ -28,7 +28,9 @@ for every contender alike), and with ``--hlo`` the collectives of the compiled s
 
 Workloads: ``W0`` GPT-NeoX 4 layers, hidden 256, 4 heads, MLP 1024, vocab 1024;
 ``125m`` the gpt_neox 125m preset. Both seq 256, global batch 16, AdamW fp32, random
-tokens; attention_impl the model default ("auto") everywhere.
+tokens; attention_impl the model default ("auto") everywhere, which decides on the shapes
+it sees: the global batch in the plain jit programs, the per-device batch in jaxsmp (at
+125m, sdp=8: blockwise in jit FSDP, reference in jaxsmp).
 
 On 8 simulated CPU devices sharing a few cores the devices compute one after another,
 so these numbers compare overheads (extra copies, collectives, recomputation), not
