@@ -10,6 +10,8 @@ that want one pass it), so tests see the same choices everywhere.
 """
 import os
 
+import pytest
+
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_cpu_experimental_ynn_fusion_type="
@@ -18,3 +20,16 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXSMP_COLLECTIVES_PROFILE_DIR"] = os.path.join(
     os.path.dirname(__file__), ".no-collectives-calibration")  # never created
+
+
+@pytest.fixture
+def triton_target_gpu(monkeypatch):
+    """An H100 as the target GPU of Pallas Triton lowerings on this GPU-less host: JAX
+    0.11.2 and later ask the local device (or an abstract mesh) for it while lowering a
+    Triton kernel for CUDA, and fail without one; JAX 0.10 asks nothing."""
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        return
+    h100 = gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
+    monkeypatch.setattr(gpu_info, "get_gpu_info", lambda: h100)

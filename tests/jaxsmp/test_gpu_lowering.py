@@ -5,7 +5,8 @@ the presets' head dims 64/80/96/128), from abstract arrays (nothing is allocated
 Lowering catches tracing errors, not Triton or cuDNN compile errors. JAX's cuDNN
 attention asks the installed cuDNN and GPU for their versions while tracing; on this
 host the test stands in cuDNN 9.10 on a Hopper GPU for those two questions (and, on
-JAX 0.12, an H100 for the Triton lowering's question about the target GPU). It is a
+JAX 0.11.2 and later, an H100 for the Triton lowering's question about the target GPU:
+``triton_target_gpu`` in ``tests/conftest.py``). It is a
 ``custom_partitioning`` op (its Shardy rule splits batch and heads, so it follows tensor
 parallelism): the lowered module holds a ``CustomSPMDPartitioning`` call whose callback,
 looked up in JAX's registry, is the cuDNN forward or backward partitioner.
@@ -35,16 +36,10 @@ CASES = [  # family, preset, precision: head dim, ALiBi
 
 
 @pytest.fixture
-def gpu_stand_in(monkeypatch):
+def gpu_stand_in(monkeypatch, triton_target_gpu):
     monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 91000)
     monkeypatch.setattr(fused_attention_stablehlo, "check_compute_capability",
                         lambda capability: True)
-    try:  # JAX >= 0.12 asks the local device (or an abstract mesh) for the GPU's kind
-        from jax._src.pallas.triton import gpu_info
-    except ImportError:
-        return
-    h100 = gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100)
-    monkeypatch.setattr(gpu_info, "get_gpu_info", lambda: h100)
 
 
 def _lower(family: str, name: str, precision: str, sequence_parallel: bool = False):

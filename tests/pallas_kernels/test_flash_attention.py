@@ -61,7 +61,7 @@ def test_causal_skips_fully_masked_key_blocks() -> None:
     assert np.all(np.isnan(np.asarray(out[:, 16:])))
 
 
-def test_forward_and_backward_lower_to_triton_for_cuda() -> None:
+def test_forward_and_backward_lower_to_triton_for_cuda(triton_target_gpu) -> None:
     """On this CPU machine, lower fwd+bwd for CUDA: three Triton kernel custom calls."""
     case = Case(64, 4, 2, 32, causal=True, alibi=True, segments=True)
     inputs = make_inputs(case)
