@@ -9,7 +9,8 @@ the thresholds to the model's layer before it starts the backend.
 
 XLA aborts at start on a flag name it does not know, and names change between releases:
 only jaxlib versions in :data:`TESTED` get flags (each set is started in a subprocess by
-``tests/jaxsmp/test_xla_flags.py``); others get none and a warning. Turn it off with
+``tests/jaxsmp/test_xla_flags.py``: 0.10.2 in CI, 0.11.2 and 0.12.0.1 in Python 3.12
+venvs as CONTRIBUTING.md says); others get none and a warning. Turn it off with
 ``JAXSMP_XLA_FLAGS=0``; a flag already in ``XLA_FLAGS`` is left as the user set it.
 """
 from __future__ import annotations
