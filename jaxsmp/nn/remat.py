@@ -33,9 +33,10 @@ def check_offloads(compiled_hlo: str) -> None:
 def remat(fn: Callable, policy: str) -> Callable:
     """Wraps a layer body: ``none`` keeps all activations, ``full`` recomputes the
     layer in the backward pass, ``save_matmuls`` keeps only matmul outputs,
-    ``offload`` moves matmul outputs to host memory and back. Only ``none`` also
-    keeps each layer's gathered parameters for the backward pass (fastest, most
-    memory); the others gather them again, ZeRO-3's usual trade."""
+    ``offload`` moves matmul outputs to host memory and back. Whatever the policy,
+    inside a step a layer's gathered parameters are never kept for the backward pass:
+    :func:`jaxsmp.train.layer_scan.zero3_scan` drops them from the residuals and
+    gathers them again (ZeRO-3's reshard after forward)."""
     if policy == "none":
         return fn
     if policy == "full":
