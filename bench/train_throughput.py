@@ -16,6 +16,8 @@ on the same GPT-NeoX module and the same batches, on 8 simulated CPU devices:
                                                  fsdp, replicated over tp]
     d  jaxsmp Mesh(dp=8, sdp=1)              vs  jit DP (params replicated, batch split)
     e  jaxsmp on one device                  vs  single-device jit
+    f  jaxsmp sdp=8, prefetch=True (its GPU default; off on CPU): read beside pair a's
+       rows of the same run
 
 Every baseline is value_and_grad + clip_by_global_norm(1.0) + the optimizer in one jit
 with the state donated (jaxsmp's defaults: fp32, clip 1.0, state donated). Contenders of
@@ -34,9 +36,12 @@ it sees: the global batch in the plain jit programs, the per-device batch in jax
 
 On 8 simulated CPU devices sharing a few cores the devices compute one after another,
 so these numbers compare overheads (extra copies, collectives, recomputation), not
-scaling. With ``--hlo`` the compiled steps of ``--hlo-pairs`` (default c) get a table of
-their collectives: kind, group size, static count and count per step (ops in a while
-body times its known trip count) and bytes of the result shapes.
+scaling. ``CPU s/step`` is the process's CPU time per step over all threads (user +
+system), the work a contender does; wall time times cores, less that, is the time the
+cores sat idle (waiting at the collectives). With ``--hlo`` the compiled steps of
+``--hlo-pairs`` (default c) get a table of their collectives: kind, group size, static
+count and count per step (ops in a while body times its known trip count) and bytes of
+the result shapes.
 
     python bench/train_throughput.py --workloads W0 --steps 10 --warmup 3 --hlo
     python bench/train_throughput.py --workloads 125m --contenders a --group pair \
@@ -50,6 +55,7 @@ import argparse
 import gc
 import os
 import re
+import resource
 import statistics
 import sys
 import time
@@ -243,6 +249,8 @@ PAIRS = {
           [("jit DP=8", lambda c, tx: dp_baseline(c, tx))]),
     "e": ("jaxsmp 1 device", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(devices=jax.devices()[:1])),
           [("jit 1 device", lambda c, tx: single_baseline(c, tx))]),
+    "f": ("jaxsmp sdp=8 prefetch=True", lambda c, tx: Ours(c, tx, jaxsmp.Mesh(sdp=8),
+                                                           prefetch=True), []),
 }
 
 
@@ -315,11 +323,18 @@ def print_collectives(workload: str, label: str, table: dict) -> None:
 
 # ---------------------------------------------------------------- measuring
 
+def _cpu_seconds() -> float:
+    """CPU time of this process so far, all threads (every simulated device's), user + system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(run, state, batch):
-    start = time.perf_counter()
+    """(state, wall seconds, CPU seconds, loss) of one step."""
+    start, cpu = time.perf_counter(), _cpu_seconds()
     state, loss = run(state, batch)
     loss = float(loss)
-    return state, time.perf_counter() - start, loss
+    return state, time.perf_counter() - start, _cpu_seconds() - cpu, loss
 
 
 def analyse(workload: str, label: str, contender, batch, want_hlo: bool) -> dict:
@@ -363,7 +378,8 @@ def measure_group(workload: str, config, names: list[str], steps: int, warmup: i
             contender = make(config, tx)
             r = results[label] = {"pair": name, "ours": label == ours_label,
                                   **analyse(workload, label, contender, data[0],
-                                            name in hlo_pairs), "times": [], "losses": []}
+                                            name in hlo_pairs),
+                                  "times": [], "cpu": [], "losses": []}
             n = _devices(contender.state)
             need = states_bytes + r["args"] * n + max(temp_bytes, r["temp"] * n)
             if need > max_bytes:
@@ -382,10 +398,11 @@ def measure_group(workload: str, config, names: list[str], steps: int, warmup: i
         phase = "warm-up" if i < warmup else "step"
         for label, c in contenders.items():
             log(f"{workload}: {phase} {i + 1}/{warmup + steps} {label}")
-            states[label], seconds, loss = timed(c.run, states[label], data[i])
+            states[label], seconds, cpu, loss = timed(c.run, states[label], data[i])
             results[label]["losses"].append(loss)
             if i >= warmup:
                 results[label]["times"].append(seconds)
+                results[label]["cpu"].append(cpu)
         if i >= warmup:
             log(f"{workload}: after step {i + 1}: " + ", ".join(
                 f"{k} {results[k]['times'][-1]:.3f}s" for k in contenders))
@@ -399,9 +416,9 @@ def print_header(workload: str, config, batch: int, seq: int) -> None:
     n = jaxsmp.models.registry.count_params(config)
     print(f"\n### {workload}: {n / 1e6:.1f}M parameters, seq {seq}, global batch {batch}\n")
     print("| pair | contender | tokens/s (median) | tokens/s min–max | step s (median) "
-          "| ratio jaxsmp/baseline (of medians; paired median) | temp MB/device "
-          "| args MB/device | loss first→last |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| ratio jaxsmp/baseline (of medians; paired median) | CPU s/step (median) "
+          "| temp MB/device | args MB/device | loss first→last |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
 
 def print_rows(results: dict, batch: int, seq: int) -> None:
@@ -421,7 +438,7 @@ def print_rows(results: dict, batch: int, seq: int) -> None:
     for label, r in results.items():
         ts = r["times"]
         if not ts:
-            print(f"| {r['pair']} | {label} | {r.get('skipped', 'not run')} | | | | "
+            print(f"| {r['pair']} | {label} | {r.get('skipped', 'not run')} | | | | | "
                   f"{r['temp'] / 1e6:.1f} | {r['args'] / 1e6:.1f} | |")
             continue
         med = statistics.median(ts)
@@ -432,7 +449,8 @@ def print_rows(results: dict, batch: int, seq: int) -> None:
         else:
             text = f"(jaxsmp/this: {ratio(ts, ours[r['pair']])})"
         print(f"| {r['pair']} | {label} | {tokens / med:,.0f} | {tokens / max(ts):,.0f}–"
-              f"{tokens / min(ts):,.0f} | {med:.3f} | {text} | {r['temp'] / 1e6:.1f} | "
+              f"{tokens / min(ts):,.0f} | {med:.3f} | {text} | "
+              f"{statistics.median(r['cpu']):.3f} | {r['temp'] / 1e6:.1f} | "
               f"{r['args'] / 1e6:.1f} | {r['losses'][0]:.3f}→{r['losses'][-1]:.3f} |")
     sys.stdout.flush()
 
