@@ -342,12 +342,16 @@ def analyse(workload: str, label: str, contender, batch, want_hlo: bool) -> dict
     start = time.perf_counter()
     compiled = contender.lower(contender.state, batch).compile()
     mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
     info = {"temp": mem.temp_size_in_bytes, "args": mem.argument_size_in_bytes,
-            "compile_s": time.perf_counter() - start}
+            "flops": cost.get("flops", float("nan")), "compile_s": time.perf_counter() - start}
     if want_hlo:
         info["hlo"] = hlo_collectives(compiled.as_text())
     log(f"{workload}: {label} compiled in {info['compile_s']:.1f}s, temp "
-        f"{info['temp'] / 1e6:.1f} MB, args {info['args'] / 1e6:.1f} MB per device")
+        f"{info['temp'] / 1e6:.1f} MB, args {info['args'] / 1e6:.1f} MB, "
+        f"{info['flops'] / 1e9:.2f} GFLOP (XLA's cost analysis: a loop body counted once) "
+        f"per device")
     del compiled
     return info
 
