@@ -93,9 +93,13 @@ class Mesh:
 
     @property
     def manual_axes(self) -> tuple[str, ...]:
-        """The axes the train step handles by hand (``shard_map``): data and pipeline
-        axes of size > 1. ``tp`` and axes of size 1 are left to GSPMD (XLA rejects
-        collectives over size-1 manual axes beside automatic ones)."""
+        """The axes the train step handles by hand (``shard_map``). With ``tp = 1``: all
+        of them, so kernels GSPMD cannot partition (cuDNN's attention, Pallas) run on
+        each device's data as they are. With ``tp > 1``, which GSPMD places: the data and
+        pipeline axes of size > 1 (XLA rejects collectives over size-1 manual axes
+        beside automatic ones)."""
+        if self.tp == 1:
+            return AXES
         return tuple(a for a in DATA_AXES + (PIPELINE_AXIS,) if getattr(self, a) > 1)
 
     @property

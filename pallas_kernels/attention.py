@@ -1,12 +1,16 @@
 """The attention entry point: validates inputs and dispatches to an implementation by name.
 
-``auto`` picks, from the inputs and the backend (:func:`choose_impl`):
+``auto`` picks, from the inputs and the platform the call is compiled for
+(:func:`choose_impl`; by default JAX's default backend, inside a ``jaxsmp`` step the
+platform of its mesh's devices, so a step compiled for GPUs on a CPU host gets the GPU
+choice):
 
-* NVIDIA GPU: ``cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``, the
+* NVIDIA GPU (``cuda``): ``cudnn`` (``jax.nn.dot_product_attention(implementation="cudnn")``, the
   fused cuDNN FlashAttention) for float16/bfloat16 inputs without ALiBi or segment ids
   whose head dim is a multiple of 8 up to 128; otherwise ``pallas`` (the FlashAttention
   kernels here, compiled by Triton), which takes ALiBi, segment ids, float32 and any head
   dim or sequence length by zero-padding to its tile shapes.
+* AMD GPU (``rocm``): ``pallas``.
 * elsewhere (CPU): ``reference`` while one float32 score matrix ``[b, h, s, s]`` fits
   :data:`REFERENCE_SCORE_BYTES` (32 MiB; the step keeps about three such arrays per layer
   call: scores, probabilities and their cotangent), since XLA:CPU runs its plain matmuls
@@ -35,15 +39,21 @@ CUDNN_MAX_HEAD_DIM = 128
 REFERENCE_SCORE_BYTES = 32 * 2**20  # off GPU, auto materialises scores up to this size
 
 
+GPU_PLATFORMS = ("cuda", "rocm", "gpu")  # "gpu": JAX's default backend name for either
+
+
 def choose_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
-                backend: str | None = None, score_bytes: int | None = None) -> str:
-    """The implementation ``impl="auto"`` runs for these inputs on ``backend``
-    (default: JAX's default backend); ``score_bytes``: one float32 ``[b, h, s, s]``
-    score matrix (None: unknown, so not materialised). See the module docstring."""
-    backend = jax.default_backend() if backend is None else backend
-    if backend != "gpu":
+                platform: str | None = None, score_bytes: int | None = None) -> str:
+    """The implementation ``impl="auto"`` runs for these inputs when compiled for
+    ``platform`` (a device's ``platform``: ``cuda``, ``rocm``, ``cpu``, ...; default:
+    the platform of JAX's default device); ``score_bytes``: one float32 ``[b, h, s, s]`` score matrix
+    (None: unknown, so not materialised). See the module docstring."""
+    platform = jax.devices()[0].platform if platform is None else platform
+    if platform not in GPU_PLATFORMS:
         fits = score_bytes is not None and score_bytes <= REFERENCE_SCORE_BYTES
         return "reference" if fits else "blockwise"
+    if platform == "rocm":
+        return "pallas"
     cudnn_ok = (jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) and not alibi
                 and not segments and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM)
     return "cudnn" if cudnn_ok else "pallas"
@@ -120,12 +130,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
               alibi_slopes: jax.Array | None = None, segment_ids: jax.Array | None = None,
               softmax_scale: float | None = None, impl: str = "auto",
               block_q: int | None = None, block_k: int | None = None,
-              interpret: bool | None = None) -> jax.Array:
+              interpret: bool | None = None, platform: str | None = None) -> jax.Array:
     """Softmax attention on q [b, s, h, d] and k, v [b, s, kv_h, d] (kv_h divides h).
 
     ALiBi adds ``slope[h] * (k_pos - q_pos)`` to the scaled scores; ``segment_ids`` [b, s]
     restricts attention to equal ids (packed sequences). ``impl``: one of :data:`IMPLS`
-    (``auto``: see the module docstring). Block sizes (blockwise and Pallas) default to
+    (``auto``: see the module docstring; ``platform`` is the one it decides for,
+    default: that of JAX's default device). Block sizes (blockwise and Pallas) default to
     :data:`DEFAULT_BLOCKS`, capped at the sequence length. ``interpret`` runs the Pallas
     kernels in JAX's interpreter (default: compiled by Triton when lowered for a GPU,
     interpreted for any other platform). ALiBi slopes
@@ -137,7 +148,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     if impl == "auto":
         b, s, h, _ = q.shape
         impl = choose_impl(q.dtype, q.shape[3], alibi=alibi_slopes is not None,
-                           segments=segment_ids is not None, score_bytes=b * h * s * s * 4)
+                           segments=segment_ids is not None, platform=platform,
+                           score_bytes=b * h * s * s * 4)
     scale = q.shape[3] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if impl in ("reference", "cudnn") and (block_q is not None or block_k is not None):
         raise ValueError(f"impl {impl!r} has no blocks; block_q/block_k must be None")

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import pallas_kernels
 from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn.attention import attention
 from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 
@@ -73,7 +73,7 @@ class Attention(nnx.Module):
         k = self.k_proj(x).reshape(b, s, cfg.kv_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(b, s, cfg.kv_heads, cfg.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = pallas_kernels.attention(q, k, v, causal=True, impl=cfg.attention_impl)
+        out = attention(q, k, v, causal=True, impl=cfg.attention_impl)
         return self.o_proj(out.reshape(b, s, cfg.num_attention_heads * cfg.head_dim))
 
 

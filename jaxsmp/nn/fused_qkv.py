@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-import pallas_kernels
+from jaxsmp.nn.attention import attention
 from jaxsmp.nn.linear import Linear
 
 
@@ -29,8 +29,7 @@ class FusedQKVAttention(nnx.Module):
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array,
                alibi_slopes: jax.Array | None = None) -> jax.Array:
-        """Causal attention through ``pallas_kernels.attention``, then ``dense``."""
+        """Causal attention (:func:`jaxsmp.nn.attention.attention`), then ``dense``."""
         b, s = q.shape[:2]
-        out = pallas_kernels.attention(q, k, v, causal=True, alibi_slopes=alibi_slopes,
-                                       impl=self.impl)
+        out = attention(q, k, v, causal=True, alibi_slopes=alibi_slopes, impl=self.impl)
         return self.dense(out.reshape(b, s, self.heads * self.head_dim))

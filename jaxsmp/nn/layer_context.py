@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import jax
 from flax import nnx
 
+import pallas_kernels
 from jaxsmp.nn.remat import remat
 
 
@@ -38,6 +39,9 @@ class LayerContext:
     # ``embed_lookup(table, tokens)``: an Embed's rows computed without its full table
     # (jaxsmp.train.embed_lookup), or None to use the table as it is.
     embed_lookup: Callable[[nnx.Variable, Any], Any] = lambda table, tokens: None
+    # ``attention(q, k, v, **kwargs)``: pallas_kernels.attention, or the step's version
+    # on each device's local batch and heads (jaxsmp.train.attention).
+    attention: Callable[..., jax.Array] = pallas_kernels.attention
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

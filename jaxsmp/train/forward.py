@@ -19,6 +19,7 @@ from flax import nnx
 from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
+from jaxsmp.train.attention import local_attention
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.layer_scan import zero3_scan
@@ -53,7 +54,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
         if options.sequence_parallel:
             scan = over_sequence(scan, mesh)
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
-                           embed_lookup=lookup_hook(params, top, tables, dtype))
+                           embed_lookup=lookup_hook(params, top, tables, dtype),
+                           attention=local_attention(mesh))
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

@@ -47,7 +47,7 @@ def _lower(family: str, name: str, precision: str, sequence_parallel: bool = Fal
     layers = {"n_layer": 2} if family == "bloom" else {"num_hidden_layers": 2}
     dtype = jax.numpy.bfloat16 if precision == "bf16" else jax.numpy.float32
     impl = choose_impl(dtype, config.head_dim, alibi=family == "bloom", segments=False,
-                       backend="gpu")
+                       platform="cuda")
     config = config.replace(attention_impl=impl, **layers)
     if hasattr(config, "max_position_embeddings"):
         config = config.replace(max_position_embeddings=max(SEQ, config.max_position_embeddings))

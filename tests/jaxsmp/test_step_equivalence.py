@@ -94,13 +94,20 @@ FAMILIES = {"gpt_neox": dict(num_hidden_layers=2), "bloom": dict(n_layer=2),
             "llama": dict(num_hidden_layers=2)}  # rotary; ALiBi; grouped-query attention
 
 
-@pytest.mark.parametrize("family, impl", [("gpt_neox", "blockwise"), ("gpt_neox", "pallas"),
-                                          ("bloom", "pallas"), ("llama", "pallas")])
-def test_attention_kernels_train_like_reference_attention(tokens, family, impl):
-    # The kernels inside the sharded step (Pallas in interpret mode on CPU) give the
-    # loss (rtol 1e-5) and gradients of plain softmax attention on one device.
+@pytest.mark.parametrize("family, impl, degrees", [
+    ("gpt_neox", "blockwise", dict(sdp=4, tp=2)), ("gpt_neox", "pallas", dict(sdp=4, tp=2)),
+    ("bloom", "pallas", dict(sdp=4, tp=2)), ("llama", "pallas", dict(sdp=4, tp=2)),
+    ("llama", "pallas", dict(sdp=2, tp=4)),   # 2 kv heads repeated over tp=4
+    ("bloom", "pallas", dict(tp=8)),           # 4 heads: the kernel splits the batch over tp
+    ("gpt_neox", "pallas", dict(pp=2, sdp=4))])
+def test_attention_kernels_train_like_reference_attention(tokens, family, impl, degrees):
+    # The kernels inside the sharded step (Pallas in interpret mode on CPU, per device:
+    # jaxsmp.train.attention) give the loss (rtol 1e-5) and gradients of plain softmax
+    # attention on one device.
     config = jaxsmp.models.preset(family, "tiny", attention_impl="reference", **FAMILIES[family])
-    got = gradients(config.replace(attention_impl=impl), jaxsmp.Mesh(sdp=4, tp=2), tokens)
+    options = dict(microbatches=2) if degrees.get("pp", 1) > 1 else {}
+    got = gradients(config.replace(attention_impl=impl), jaxsmp.Mesh(**degrees), tokens,
+                    **options)
     want = gradients(config, single_device_mesh(), tokens)
     assert_gradients_match(got, want)
     assert got[1]["loss"] == pytest.approx(want[1]["loss"], rel=1e-5)

@@ -45,7 +45,7 @@ def test_auto_picks_by_the_local_score_matrix_size() -> None:
     (jnp.bfloat16, 36, False, False, "pallas"),    # not a multiple of 8
 ])
 def test_auto_on_gpu_picks_cudnn_where_it_applies(dtype, head_dim, alibi, segments, want):
-    assert choose_impl(dtype, head_dim, alibi=alibi, segments=segments, backend="gpu") == want
+    assert choose_impl(dtype, head_dim, alibi=alibi, segments=segments, platform="cuda") == want
 
 
 PADDED = [  # head dims and lengths off the Pallas tile sizes (zero-padded inside)

@@ -1,0 +1,101 @@
+"""Compiling for NVIDIA GPUs on a host without one: XLA:GPU, deviceless.
+
+With ``jax-cuda12-plugin`` of the installed jaxlib's version (no GPU, driver or CUDA
+wheels needed) and ``JAX_PLATFORMS=cpu``, JAX describes a GPU topology from a target
+config (``targets/*.txtpb``: XLA's ``GpuTargetConfigProto`` for each GPU of the
+planner's node table) and ``.lower(...).compile()`` runs XLA's GPU compiler for real:
+SPMD partitioning (custom partitioners included), fusion, Triton compilation of the
+Pallas kernels, buffer assignment and ``memory_analysis()``. It does no autotuning and
+skips cuDNN's own graph checks (both need a device): it proves that a step compiles and
+what memory it needs, not how fast it runs.
+
+    devices = gpu_target.topology("H100-SXM", gpus_per_host=8)
+    mesh = jaxsmp.Mesh(sdp=4, tp=2, devices=devices)
+    compiled = gpu_target.compile_step(step, state, batch, mesh)   # abstract state, batch
+
+Two questions JAX asks the local machine while tracing get the target's answer inside
+:func:`compiling_for`: the cuDNN version and compute capability (cuDNN attention), and
+from JAX 0.11 on the Triton target GPU (Pallas), which the abstract mesh answers.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from importlib import resources
+from typing import Any, Iterator
+
+import jax
+
+TARGETS = {"A100-40GB": "a100_sxm_40", "A100-80GB": "a100_sxm_80", "H100-SXM": "h100_sxm",
+           "H200": "h200"}  # keys: jaxsmp.plan.hardware.GPUS
+
+
+def target_config(gpu: str) -> str:
+    """The text ``GpuTargetConfigProto`` of ``gpu`` (a key of :data:`TARGETS`)."""
+    if gpu not in TARGETS:
+        raise ValueError(f"no GPU target for {gpu!r}; valid: {sorted(TARGETS)}")
+    return resources.files("jaxsmp.plan").joinpath(f"targets/{TARGETS[gpu]}.txtpb").read_text()
+
+
+def _version(text: str, field: str) -> tuple[int, int]:
+    found = re.search(field + r"\s*\{\s*major:\s*(\d+)(?:\s*minor:\s*(\d+))?", text)
+    if not found:
+        raise ValueError(f"target config has no {field}")
+    return int(found.group(1)), int(found.group(2) or 0)
+
+
+def topology(gpu: str = "H100-SXM", gpus_per_host: int = 8, hosts: int = 1,
+             slices: int = 1) -> list:
+    """Abstract devices of ``slices x hosts x gpus_per_host`` GPUs of type ``gpu``, for
+    ``jaxsmp.Mesh(..., devices=...)``; nothing is allocated on them."""
+    from jax.experimental import topologies
+    for name, value in (("gpus_per_host", gpus_per_host), ("hosts", hosts), ("slices", slices)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    try:
+        topo = topologies.get_topology_desc(
+            platform="cuda", topology=f"{slices}x{hosts}x{gpus_per_host}",
+            target_config=target_config(gpu))
+    except (RuntimeError, ImportError, jax.errors.JaxRuntimeError) as e:
+        raise RuntimeError(
+            f"compiling for GPUs on this host needs the CUDA plugin of the installed jaxlib "
+            f"(pip install 'jax-cuda12-plugin=={jax.lib.__version__}'): {e}") from e
+    return list(topo.devices)
+
+
+@contextlib.contextmanager
+def compiling_for(gpu: str) -> Iterator[None]:
+    """JAX's cuDNN attention asks the local cuDNN and GPU for their versions while
+    tracing; inside this context the target's (from its config) answer."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    text = target_config(gpu)
+    dnn, capability = _version(text, "dnn_version_info"), _version(text, "cuda_compute_capability")
+    saved = cudnn.check_cudnn_version, cudnn.check_compute_capability
+    cudnn.check_cudnn_version = lambda: dnn[0] * 10000 + dnn[1] * 100
+    cudnn.check_compute_capability = lambda want: capability >= tuple(
+        int(x) for x in want.split("."))
+    try:
+        yield
+    finally:
+        cudnn.check_cudnn_version, cudnn.check_compute_capability = saved
+
+
+def gpu_of(mesh: Any) -> str:
+    """The :data:`TARGETS` key of the GPU a ``jaxsmp.Mesh`` of topology devices is on."""
+    kind = mesh.jax_mesh.devices.flat[0].device_kind
+    for gpu in TARGETS:
+        if _description(gpu) == kind:
+            return gpu
+    raise ValueError(f"mesh devices are {kind!r}, not a GPU target; valid: "
+                     f"{[_description(g) for g in TARGETS]}")
+
+
+def _description(gpu: str) -> str:
+    return re.search(r'device_description_str:\s*"([^"]+)"', target_config(gpu)).group(1)
+
+
+def compile_step(step: Any, state: Any, batch: Any, mesh: Any):
+    """``step`` (a ``jaxsmp.step``) compiled by XLA:GPU for ``mesh`` (a ``jaxsmp.Mesh``
+    of :func:`topology` devices) from abstract ``state`` and ``batch``."""
+    with compiling_for(gpu_of(mesh)), jax.set_mesh(mesh.jax_mesh):
+        return step.lower(state, batch).compile()

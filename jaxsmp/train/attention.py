@@ -1,0 +1,162 @@
+"""Attention inside the step: the kernel runs on each device's local batch and heads.
+
+The step is manual over the data and pipeline axes, and ``tp`` is automatic, so a
+kernel called there would be partitioned by GSPMD: a Triton custom call is opaque to it
+(its operands made whole over ``tp`` first, every device computing every head), and
+JAX's cuDNN attention brings a custom partitioner that fails inside the step's
+``shard_map`` (an ``AssertionError`` in ``get_num_ways_dim_sharded`` on ``sdp=8``, an
+``AttributeError`` on ``sdp=4, tp=2``, both found by the deviceless XLA:GPU compile of
+``tests/jaxsmp/test_gpu_compile.py``). Attention needs no communication once heads are
+split over ``tp``, so :func:`local_attention` calls the kernel in a nested
+``shard_map`` manual over every remaining mesh axis, on ``[local batch, seq, heads /
+tp, head_dim]`` (on the batch instead where ``tp`` does not divide the heads): no
+partitioner runs. ``impl="auto"`` decides for the platform of the
+mesh's devices, not JAX's default backend (a step compiled for GPUs on a CPU host gets
+the GPU kernel).
+
+With ``tp = 1`` the step is manual over every mesh axis (:attr:`jaxsmp.Mesh.manual_axes`)
+and the kernel is called as it is. With ``pp > 1`` and ``tp > 1`` together a per-device
+kernel is refused and ``auto`` runs ``blockwise``: inside the pipeline's loop JAX 0.10
+partially evaluates the nested ``shard_map`` and gives the constants it hoists out of
+it a sharding that XLA's verifier rejects (manual axes out of order).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import pallas_kernels
+from pallas_kernels.attention import choose_impl
+
+
+def _split_over_tp(q: jax.Array, k: jax.Array, tp: int) -> str | None:
+    """What the kernel's calls are split on over ``tp``: ``heads`` when ``tp`` divides
+    the query heads (Megatron's layout), else ``batch`` when it divides the local batch,
+    else nothing (each ``tp`` device runs every head of its batch)."""
+    if tp == 1:
+        return None
+    if q.shape[2] % tp == 0:
+        return "heads"
+    return "batch" if q.shape[0] % tp == 0 else None
+
+
+def _repeat_kv(k: jax.Array, v: jax.Array, tp: int, heads: int):
+    """k, v with their heads repeated (grouped-query attention) until ``tp`` divides
+    them: each device then holds the kv heads its query heads read."""
+    kv = k.shape[2]
+    if kv % tp == 0:
+        return k, v
+    reps = heads // kv
+    return jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
+
+
+def _opaque(fn: Callable) -> Callable:
+    """``fn`` as one unit to JAX's partial evaluation. Inside a layer scan that is itself
+    in a loop (the pipeline's ticks), JAX partially evaluates the ``shard_map`` bodies
+    below and hoists what depends on no input (the kernels' iota masks and block
+    indices) out as residuals whose sharding it gets wrong (mesh axes out of order, an
+    XLA verifier error); a ``custom_vjp`` is staged whole. Differentiated by
+    :func:`_per_device`, never by JAX."""
+    @jax.custom_vjp
+    def run(*args):
+        return fn(*args)
+
+    def backward(_, __):
+        raise NotImplementedError("per-device attention is not differentiable twice")
+    run.defvjp(lambda *args: (fn(*args), None), backward)
+    return run
+
+
+def _per_device(fn: Callable, mesh, free: tuple[str, ...], qkv: P, extra_specs) -> Callable:
+    """``fn(q, k, v, extra)`` in a ``shard_map`` manual over ``free``, differentiated by
+    hand: JAX's own partial evaluation of a ``shard_map`` nested in the step's splits its
+    residuals over the enclosing manual axes too (a shape mismatch under ``tp``), so the
+    forward returns the kernel's residuals itself, each with a leading axis split over
+    ``free`` (one slot per device), and the backward takes them back."""
+    names = tuple(a for a in free if mesh.shape[a] > 1) or None
+    one_each = P(names)
+
+    def mapped(body, in_specs, out_specs):
+        return jax.shard_map(_opaque(body), mesh=mesh, axis_names=set(free), in_specs=in_specs,
+                             out_specs=out_specs)
+
+    @jax.custom_vjp
+    def run(q, k, v, extra):
+        return mapped(fn, (qkv, qkv, qkv, extra_specs), qkv)(q, k, v, extra)
+
+    tree = []
+
+    def forward(q, k, v, extra):
+        def local(q, k, v, extra):
+            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, extra), q, k, v)
+            leaves, treedef = jax.tree.flatten(vjp)
+            tree[:] = [treedef]
+            return out, [x[None] for x in leaves]
+        out, residuals = mapped(local, (qkv, qkv, qkv, extra_specs), (qkv, one_each))(
+            q, k, v, extra)
+        return out, (residuals, extra)
+
+    def backward(saved, d_out):
+        residuals, extra = saved
+
+        def local(residuals, d_out):
+            vjp = jax.tree.unflatten(tree[0], [x[0] for x in residuals])
+            return vjp(d_out)
+        grads = mapped(local, (one_each, qkv), (qkv, qkv, qkv))(residuals, d_out)
+        return (*grads, jax.tree.map(lambda _: None, extra))
+
+    run.defvjp(forward, backward)
+    return run
+
+
+def _per_device_kernel(q, k, alibi_slopes, segment_ids, kwargs) -> bool:
+    """Whether the call runs a kernel GSPMD cannot partition (Pallas, cuDNN), which then
+    runs per device; ``reference`` and ``blockwise`` are plain XLA ops that GSPMD splits
+    over ``tp`` by itself."""
+    impl = kwargs.get("impl", "auto")
+    if impl == "auto":
+        b, s, h, d = q.shape
+        impl = choose_impl(q.dtype, d, alibi=alibi_slopes is not None,
+                                          segments=segment_ids is not None,
+                                          platform=kwargs["platform"], score_bytes=b * h * s * s * 4)
+    return impl in ("pallas", "cudnn")
+
+
+def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
+    """``pallas_kernels.attention`` per device on ``mesh`` (see the module docstring)."""
+    platform = mesh.devices.flat[0].platform
+
+    def attend(q, k, v, *, alibi_slopes=None, segment_ids=None, **kwargs):
+        kwargs.setdefault("platform", platform)
+        context = jax.sharding.get_abstract_mesh()
+        manual = set(context.manual_axes) if not context.empty else set()
+        free = tuple(a for a in mesh.axis_names if a not in manual)
+        extra = {name: x for name, x in (("alibi_slopes", alibi_slopes),
+                                         ("segment_ids", segment_ids)) if x is not None}
+        if not free or not _per_device_kernel(q, k, alibi_slopes, segment_ids, kwargs):
+            return pallas_kernels.attention(q, k, v, **extra, **kwargs)
+        if "pp" in manual and kwargs.get("impl", "auto") == "auto":
+            # the rule of auto on such meshes (see the module docstring)
+            return pallas_kernels.attention(q, k, v, **extra, **{**kwargs, "impl": "blockwise"})
+        if "pp" in manual:
+            raise ValueError(
+                f"attention impl {kwargs['impl']!r} (a Pallas or cuDNN kernel) is not "
+                f"supported with pipeline and tensor parallelism together (pp > 1 and tp > 1): "
+                f"inside the pipeline's loop JAX mis-shards a kernel mapped over tp. Use "
+                f"attention_impl='blockwise' or 'auto', or a mesh with tp=1 or pp=1")
+        tp = mesh.shape["tp"] if "tp" in free else 1
+        split = _split_over_tp(q, k, tp)
+        if split == "heads":
+            k, v = _repeat_kv(k, v, tp, q.shape[2])
+        on = lambda dim: "tp" if split == dim else None  # noqa: E731
+        specs = {"alibi_slopes": P(on("heads")), "segment_ids": P(on("batch"))}
+
+        def kernel(q, k, v, extra):
+            return pallas_kernels.attention(q, k, v, **extra, **kwargs)
+        run = _per_device(kernel, context if not context.empty else mesh, free,
+                          P(on("batch"), None, on("heads"), None), {n: specs[n] for n in extra})
+        return run(q, k, v, extra)
+    return attend

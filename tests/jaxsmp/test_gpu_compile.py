@@ -1,0 +1,146 @@
+"""The whole train step compiled by XLA:GPU for 8 GPUs on this CPU host (deviceless,
+``jaxsmp.plan.gpu_target``): SPMD partitioning with custom partitioners, Triton
+compilation of the Pallas kernels, buffer assignment and ``memory_analysis()``.
+
+Before the per-device attention (``jaxsmp.train.attention``), bf16 with cuDNN attention
+failed here on every sharded mesh (an ``AssertionError`` in JAX's cuDNN partitioner on
+``sdp=8``, an ``AttributeError`` on ``sdp=4, tp=2``), ``auto`` picked CPU kernels for a
+GPU mesh, and the Pallas kernel ran every head on every ``tp`` device. The default
+selection compiles a few cases; the matrix (families x kernels x precisions x meshes x
+remat) is ``slow``. ``bench/gpu_compile.py`` prints the same cases as a table.
+"""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from gpu_compile import compile_case  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import jaxsmp  # noqa: E402
+from jaxsmp.checkpoint import abstract_state  # noqa: E402
+from jaxsmp.losses import causal_lm_loss  # noqa: E402
+from jaxsmp.plan import gpu_target  # noqa: E402
+
+
+def assert_kernels(result: dict, attention: str) -> None:
+    kernels = result["kernels"]
+    if attention == "cudnn":  # forward and backward fMHA, no Triton attention
+        assert kernels["cudnn"] >= 2 and kernels["triton"] == 0, result
+    else:
+        assert kernels["triton"] >= 3 and kernels["cudnn"] == 0, result  # fwd, dq, dk/dv
+
+
+@pytest.mark.parametrize("mesh", ["sdp=8", "sdp=4,tp=2"])
+def test_bf16_cudnn_attention_compiles_for_h100_on_sharded_meshes(mesh):
+    result = compile_case("gpt_neox", "cudnn", "bf16", mesh, remat="full")
+    assert_kernels(result, "cudnn")
+    assert 0 < result["temporaries_mib"] < 80 * 1024
+
+
+def _compiled_text(config, degrees: dict, gpu: str = "H100-SXM", **options) -> str:
+    mesh = jaxsmp.Mesh(**degrees, devices=gpu_target.topology(gpu))
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    batch = {"tokens": jax.ShapeDtypeStruct((8, 256), np.int32)}
+    step = jaxsmp.step(causal_lm_loss, **options)
+    return gpu_target.compile_step(step, state, batch, mesh).as_text()
+
+
+@pytest.mark.parametrize("precision, kernel", [("bf16", "__cudnn$fmha"),
+                                               ("fp32", "__gpu$xla.gpu.triton")])
+def test_auto_attention_decides_by_the_mesh_devices_not_the_default_backend(precision, kernel):
+    assert jax.default_backend() == "cpu"
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=1)
+    assert config.attention_impl == "auto"
+    text = _compiled_text(config, dict(sdp=8), precision=precision)
+    assert kernel in text
+
+
+def test_pallas_kernel_runs_on_each_devices_heads_under_tp():
+    # 4 heads over tp=2: each device's Triton forward writes [local batch 2, seq, 2, d];
+    # partitioned by GSPMD instead, every device ran all 4 heads
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=1,
+                                  attention_impl="pallas")
+    text = _compiled_text(config, dict(sdp=4, tp=2), precision="fp32")
+    shapes = re.findall(r"= \(f32\[([\d,]+)\][^)]*\) custom-call\([^)]*\), "
+                        r'custom_call_target="__gpu\$xla.gpu.triton"', text)
+    assert shapes and all(s.split(",")[2] == "2" for s in shapes), shapes
+
+
+def test_attention_compiles_for_a100_too():
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=1)
+    text = _compiled_text(config, dict(sdp=4, tp=2), gpu="A100-40GB", precision="bf16")
+    assert "__cudnn$fmha" in text
+
+
+def test_a_gpu_name_without_a_target_is_refused():
+    with pytest.raises(ValueError, match="no GPU target for 'V100'.*valid"):
+        gpu_target.topology("V100")
+
+
+FAMILY_KERNELS = [  # family, attention, precision, mesh, remat: each family x kernel x dtype
+    ("gpt_neox", "cudnn", "bf16", "sdp=8", "none"),
+    ("gpt_neox", "cudnn", "fp16", "tp=8", "full"),
+    ("gpt_neox", "pallas", "bf16", "dp=2,sdp=4", "full"),
+    ("gpt_neox", "pallas", "fp32", "pp=2,sdp=4", "none"),
+    ("gpt_neox", "auto", "fp16", "sdp=4,tp=2", "offload"),
+    ("bloom", "pallas", "bf16", "sdp=4,tp=2", "full"),
+    ("bloom", "auto", "fp16", "pp=2,sdp=4", "full"),
+    ("bloom", "auto", "fp32", "tp=8", "none"),
+    ("llama", "cudnn", "bf16", "pp=2,sdp=4", "offload"),
+    ("llama", "cudnn", "fp16", "dp=2,sdp=4", "full"),
+    ("llama", "pallas", "fp32", "sdp=8", "full"),
+    ("llama", "auto", "bf16", "tp=8", "full"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, attention, precision, mesh, remat", FAMILY_KERNELS)
+def test_train_step_compiles_for_h100(family, attention, precision, mesh, remat):
+    result = compile_case(family, attention, precision, mesh, remat)
+    expected = attention if attention != "auto" else (
+        "pallas" if family == "bloom" or precision == "fp32" else "cudnn")
+    assert_kernels(result, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["sdp=4,tp=2", "tp=8"])
+def test_sequence_parallel_compiles_with_cudnn(mesh):
+    result = compile_case("gpt_neox", "cudnn", "bf16", mesh, "full", sequence_parallel=True)
+    assert_kernels(result, "cudnn")
+
+
+def test_pipeline_with_tp_refuses_a_per_device_kernel_and_auto_runs_blockwise():
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=2)
+    with pytest.raises(ValueError, match="pipeline and tensor parallelism together"):
+        _compiled_text(config.replace(attention_impl="cudnn"), dict(pp=2, sdp=2, tp=2),
+                       precision="bf16", microbatches=2)
+    text = _compiled_text(config, dict(pp=2, sdp=2, tp=2), precision="bf16", microbatches=2)
+    assert "__cudnn$fmha" not in text and "xla.gpu.triton" not in text
+
+
+@pytest.fixture(scope="module")
+def offload_pair() -> tuple[dict, dict]:
+    return (compile_case("llama", "cudnn", "bf16", "sdp=8", "save_matmuls"),
+            compile_case("llama", "cudnn", "bf16", "sdp=8", "offload"))
+
+
+def test_offload_keeps_saved_matmuls_in_host_memory_on_the_gpu(offload_pair):
+    saved, offload = offload_pair
+    assert saved["host_buffers"] == 0 and offload["host_buffers"] > 0
+    assert offload["host_temporaries_mib"] > 100  # Llama-7b-wide, 2 layers: 252 MiB
+
+
+@pytest.mark.xfail(strict=True, reason="the device peak does not drop yet: 1,557 MiB with "
+                   "save_matmuls, 1,734 with offload and 252 MiB on the host (Llama 2 7b "
+                   "width, 2 layers, sdp=8, bf16, cuDNN)")
+def test_offload_lowers_device_temporaries_by_what_it_moves_to_the_host(offload_pair):
+    saved, offload = offload_pair
+    drop = saved["temporaries_mib"] - offload["temporaries_mib"]
+    assert drop > 0.5 * offload["host_temporaries_mib"], (saved, offload)
