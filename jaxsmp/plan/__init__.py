@@ -15,7 +15,8 @@ on a cluster, with predicted memory and TFLOP/s per GPU, and a pre-flight compil
 
 Modules: ``hardware`` (GPUs, nodes), ``workload`` (shards, FLOPs, saved activations of a
 model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput``,
-``search``, ``report``, ``compiled`` (pre-flight), ``__main__`` (CLI).
+``search``, ``report``, ``compiled`` (pre-flight on simulated CPU devices),
+``gpu_target`` and ``gpu_preflight`` (pre-flight with XLA:GPU, deviceless), ``__main__`` (CLI).
 
 Assumptions and sources
 -----------------------
@@ -80,6 +81,7 @@ import types
 from jaxsmp.plan.candidate import (BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, Semantics,
                                    schedule_report)
 from jaxsmp.plan.compiled import Preflight, compile_memory, preflight
+from jaxsmp.plan.gpu_preflight import GpuPreflight, gpu_preflight
 from jaxsmp.plan.hardware import (GPUS, GPU, NODES, Cluster, Node, generic_node, node,
                                   register_gpu, register_node)
 from jaxsmp.plan.memory import MemoryBreakdown, estimate_memory
@@ -103,8 +105,8 @@ class _CallablePackage(types.ModuleType):
 sys.modules[__name__].__class__ = _CallablePackage
 
 __all__ = ["BEFORE_ISSUE_12", "COMPILED", "GPU", "GPUS", "NODES", "TARGET", "Candidate",
-           "Cluster", "MemoryBreakdown", "Node", "Plan", "Preflight", "Semantics", "StepTime",
-           "Throughput", "Workload", "candidates", "cluster",
+           "Cluster", "GpuPreflight", "MemoryBreakdown", "Node", "Plan", "Preflight",
+           "Semantics", "StepTime", "Throughput", "Workload", "candidates", "cluster",
            "compile_memory", "estimate_memory", "estimate_time", "evaluate", "generic_node",
-           "load_model", "node", "plan", "preflight", "register_gpu", "register_node",
+           "gpu_preflight", "load_model", "node", "plan", "preflight", "register_gpu", "register_node",
            "schedule_report"]

@@ -2,6 +2,9 @@
 
     python -m jaxsmp.plan --model gpt_neox:13b --node p4d.24xlarge --nodes 16 \\
         --seq-len 2048 --global-batch 1024 [--precision bf16] [--top 10] [--json] [--preflight]
+
+``--preflight`` compiles the best plan's step with XLA:GPU for the node's GPUs on this host
+(``jaxsmp.plan.gpu_preflight``); ``--preflight-backend cpu`` on simulated CPU devices.
 """
 from __future__ import annotations
 
@@ -36,14 +39,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="step semantics: issue 12's ZeRO-3 (target) or this branch's")
     p.add_argument("--json", action="store_true", help="print the plans as a JSON list")
     p.add_argument("--preflight", action="store_true",
-                   help="compile the best plan's step on simulated CPU devices")
+                   help="compile the best plan's step for the node's GPUs with XLA:GPU on "
+                        "this host (deviceless; needs jax-cuda12-plugin)")
+    p.add_argument("--preflight-backend", choices=("gpu", "cpu"), default="gpu",
+                   help="gpu: XLA:GPU for the plan's GPUs at full size (default); cpu: "
+                        "simulated CPU devices, the mesh scaled to --max-devices")
     p.add_argument("--max-devices", type=int, default=None,
-                   help="most simulated CPU devices for --preflight (default 64)")
+                   help="most simulated CPU devices for --preflight-backend cpu (default 64)")
     args = p.parse_args(argv)
     if args.top < 1:
         p.error(f"--top must be >= 1, got {args.top}")
-    if args.max_devices is not None and not args.preflight:
-        p.error("--max-devices applies to --preflight only")
+    if args.max_devices is not None and not (args.preflight and args.preflight_backend == "cpu"):
+        p.error("--max-devices applies to --preflight --preflight-backend cpu only")
     return args
 
 
@@ -51,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     # simulated CPU devices must be set before JAX starts a backend (pre-flight only)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, cluster, load_model, plan, preflight
-    from jaxsmp.plan.compiled import MAX_DEVICES
+    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, cluster, load_model, plan
     from jaxsmp.plan.report import records, table, why
     try:
         config = load_model(args.model)
@@ -74,10 +80,29 @@ def main(argv: list[str] | None = None) -> int:
         print(table(shown))
         print("\nWhy #1:\n" + why(plans))
     if args.preflight and shown[0].fits:
-        result = preflight(config, shown[0], args.seq_len,
-                           max_devices=args.max_devices or MAX_DEVICES)
+        try:
+            result = _preflight(args, config, target, shown[0])
+        except (ValueError, RuntimeError) as e:
+            print(f"error: pre-flight: {e}", file=sys.stderr)
+            return 2
         print(result.summary(), file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _preflight(args: argparse.Namespace, config, target, best):
+    from jaxsmp.plan import preflight
+    from jaxsmp.plan.compiled import MAX_DEVICES
+    from jaxsmp.plan.gpu_preflight import gpu_preflight
+    from jaxsmp.plan.gpu_target import TARGETS
+    if args.preflight_backend == "cpu":
+        return preflight(config, best, args.seq_len, max_devices=args.max_devices or MAX_DEVICES)
+    gpu = target.node.gpu.name
+    if gpu not in TARGETS:
+        raise ValueError(f"no GPU target for {gpu!r} (have {sorted(TARGETS)}); use "
+                         f"--preflight-backend cpu")
+    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET
+    return gpu_preflight(config, best, args.seq_len, gpu,
+                         TARGET if args.semantics == "target" else BEFORE_ISSUE_12)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ class CompiledMemory:
     outputs: int
     alias: int
     temporaries: int
+    host_temporaries: int = 0  # pinned host memory (remat="offload"), XLA:GPU only
 
     @property
     def peak(self) -> int:
@@ -81,7 +82,9 @@ class Preflight:
 def compile_memory(config: Any, candidate: Candidate, seq_len: int,
                    devices: list | None = None) -> CompiledMemory:
     """Compiles ``jaxsmp.step(causal_lm_loss, ...)`` for ``candidate`` on ``devices``
-    (default: this process's CPU devices) and returns its per-device memory."""
+    (default: this process's CPU devices; abstract GPUs of
+    :func:`jaxsmp.plan.gpu_target.topology` compile with XLA:GPU) and returns its
+    per-device memory."""
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
@@ -95,9 +98,15 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)  # as jaxsmp.init, abstract
     batch = {"tokens": jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32)}
     step = jaxsmp.step(causal_lm_loss, **c.step_options())
-    stats = step.lower(state, batch).compile().memory_analysis()
+    if devices[0].platform == "cpu":
+        compiled = step.lower(state, batch).compile()
+    else:
+        from jaxsmp.plan import gpu_target
+        compiled = gpu_target.compile_step(step, state, batch, mesh)
+    stats = compiled.memory_analysis()
     return CompiledMemory(stats.argument_size_in_bytes, stats.output_size_in_bytes,
-                          stats.alias_size_in_bytes, stats.temp_size_in_bytes)
+                          stats.alias_size_in_bytes, stats.temp_size_in_bytes,
+                          getattr(stats, "host_temp_size_in_bytes", 0))
 
 
 def _layer_field(config: Any) -> str:

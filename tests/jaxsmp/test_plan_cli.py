@@ -45,9 +45,27 @@ def test_bad_input_is_one_clear_line(capsys):
 def test_preflight_compiles_the_best_plan_on_simulated_devices(capsys):
     assert main(["--model", "gpt_neox:tiny", "--node", "8xA100-80GB+400Gbps", "--seq-len",
                  "128", "--global-batch", "16", "--top", "1", "--remat", "full",
-                 "--preflight"]) == 0
+                 "--preflight", "--preflight-backend", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "pre-flight:" in out and "model vs compiled peak" in out
+
+
+def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
+    pytest.importorskip("jax_cuda12_plugin")
+    assert main(["--model", "gpt_neox:tiny", "--node", "p5.48xlarge", "--nodes", "2",
+                 "--seq-len", "128", "--global-batch", "32", "--top", "1", "--preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "pre-flight (XLA:GPU, deviceless):" in out and "16 x H100-SXM" in out
+    assert ": fits" in out and "model vs compiled peak" in out
+
+
+def test_preflight_names_a_gpu_without_a_target(capsys, monkeypatch):
+    from dataclasses import replace
+    from jaxsmp.plan.hardware import GPUS
+    monkeypatch.setitem(GPUS, "L40S", replace(GPUS["A100-40GB"], name="L40S"))
+    assert main(["--model", "gpt_neox:tiny", "--node", "8xL40S+400Gbps", "--seq-len",
+                 "128", "--global-batch", "16", "--top", "1", "--preflight"]) == 2
+    assert "no GPU target" in capsys.readouterr().err
 
 
 def test_python_dash_m_runs_the_package():
@@ -64,4 +82,5 @@ def test_options_that_would_be_ignored_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "gpt_neox:tiny", "--node", "p4d.24xlarge", "--seq-len", "128",
               "--global-batch", "8", "--max-devices", "8"])
-    assert "--max-devices applies to --preflight only" in capsys.readouterr().err
+    assert "--max-devices applies to --preflight --preflight-backend cpu only" in (
+        capsys.readouterr().err)

@@ -1,0 +1,89 @@
+"""Pre-flight on the real compiler: the plan's step compiled by XLA:GPU for the plan's
+GPUs on this host, deviceless (:mod:`jaxsmp.plan.gpu_target`), at full size.
+
+Nothing is scaled: the step is one SPMD program whatever the device count, so a
+topology of ``hosts x 8`` abstract GPUs costs the compiler about what 8 do (the layers are
+one scan, so depth costs little too). XLA's per-device arguments, temporaries and host
+memory are printed beside the memory model's prediction for the GPU and the GPU's
+capacity; a deviceless compile never runs out of memory by itself, so "does not fit"
+is stated when the compiled total exceeds the capacity.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
+from jaxsmp.plan.compiled import GiB, CompiledMemory, compile_memory
+from jaxsmp.plan.memory import FRAMEWORK_BYTES, MemoryBreakdown, capacity, estimate_memory
+from jaxsmp.plan.workload import Workload
+
+
+@dataclass(frozen=True)
+class GpuPreflight:
+    candidate: Candidate
+    gpu: str
+    compiled: CompiledMemory
+    predicted: MemoryBreakdown
+    capacity: float
+    seconds: float
+
+    @property
+    def total(self) -> float:
+        """Compiled peak per device plus the CUDA context, workspaces and NCCL buffers
+        the model reserves (``FRAMEWORK_BYTES``), which XLA does not see."""
+        return self.compiled.peak + FRAMEWORK_BYTES
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    @property
+    def error(self) -> float:
+        """The model's predicted peak (arguments + temporaries) over XLA:GPU's, minus one."""
+        return self.predicted.peak / self.compiled.peak - 1
+
+    def summary(self) -> str:
+        c, p = self.compiled, self.predicted
+        rows = [("arguments", c.arguments, p.arguments), ("temporaries", c.temporaries,
+                                                          p.temporaries),
+                ("peak", c.peak, p.peak), ("host (offload)", c.host_temporaries,
+                                                         None)]
+        lines = [f"pre-flight (XLA:GPU, deviceless): {self.candidate.label()} on "
+                 f"{self.candidate.world} x {self.gpu}, compiled in {self.seconds:.0f} s",
+                 f"  {'per device':<15} {'compiled GiB':>12} {'model GiB':>10}"]
+        lines += [f"  {name:<15} {a / GiB:>12.2f} " + (f"{b / GiB:>10.2f}" if b is not None
+                                                       else f"{'':>10}")
+                  for name, a, b in rows]
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
+                     f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
+        lines.append(f"  model vs compiled peak: {self.error:+.1%}")
+        return "\n".join(lines)
+
+
+def _topology(gpu: str, world: int) -> list:
+    from jaxsmp.plan import gpu_target
+    per_host = min(world, 8)
+    if world % per_host:
+        raise ValueError(f"{world} GPUs are not whole hosts of 8")
+    return gpu_target.topology(gpu, gpus_per_host=per_host, hosts=world // per_host)
+
+
+def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
+                  semantics: Semantics = TARGET) -> GpuPreflight:
+    """Compiles the training step of ``plan`` (a ``Plan`` or :class:`Candidate`) for
+    ``model_config`` with XLA:GPU for ``candidate.world`` GPUs of type ``gpu`` (a key of
+    :data:`jaxsmp.plan.gpu_target.TARGETS`) and returns its memory beside the model's."""
+    from jaxsmp.plan.hardware import GPUS
+    from jaxsmp.plan.search import load_model
+    config = load_model(model_config)
+    candidate = getattr(plan, "candidate", plan)
+    devices = _topology(gpu, candidate.world)
+    start = time.perf_counter()
+    compiled = compile_memory(config, candidate, seq_len, devices=devices)
+    seconds = time.perf_counter() - start
+    predicted = estimate_memory(Workload(config, seq_len), candidate, semantics, backend="gpu")
+    return GpuPreflight(candidate, gpu, compiled, predicted,
+                        capacity(GPUS[gpu].memory_bytes), seconds)

@@ -1,0 +1,27 @@
+"""Pre-flight with XLA:GPU: the plan's step compiled for its GPUs on this host at full
+size, its memory beside the model's and the GPU's capacity."""
+import pytest
+
+pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+
+from jaxsmp.plan import Candidate, gpu_preflight  # noqa: E402
+from jaxsmp.plan.memory import FRAMEWORK_BYTES  # noqa: E402
+
+
+def test_a_64_gpu_mesh_compiles_without_simulated_devices():
+    result = gpu_preflight("gpt_neox:125m", Candidate(2, 32, 1, 1, 1, 1, "full", "bf16"),
+                           1024, "H100-SXM")
+    assert result.candidate.world == 64 and result.fits
+    assert result.compiled.arguments == pytest.approx(result.predicted.arguments, rel=0.05)
+    summary = result.summary()
+    assert "64 x H100-SXM" in summary and ": fits" in summary
+    assert result.total == result.compiled.peak + FRAMEWORK_BYTES
+
+
+@pytest.mark.slow
+def test_a_plan_that_does_not_fit_is_said_so():
+    # Llama 2 7b on 8 A100 40 GB without remat, 4 sequences of 4096 per GPU
+    result = gpu_preflight("llama:7b", Candidate(1, 8, 1, 1, 4, 1, "none", "bf16"), 4096,
+                           "A100-40GB")
+    assert not result.fits and result.total > result.capacity
+    assert "DOES NOT FIT" in result.summary()
