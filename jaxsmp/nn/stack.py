@@ -14,7 +14,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx
 
-from jaxsmp.nn.layer_context import current_layer_context
+from jaxsmp.nn.layer_context import current_layer_context, layer_context
 
 
 def is_stacked(variable: nnx.Variable) -> bool:
@@ -44,7 +44,10 @@ class Stack(nnx.Module):
         ctx = current_layer_context()
 
         def apply(one: nnx.State, h: jax.Array, layer_args) -> jax.Array:
-            return nnx.merge(graphdef, one)(h, *layer_args)
+            # a pipeline schedule may trace the layer after this call returns: the layer
+            # (its attention) sees the context it was called in
+            with layer_context(ctx):
+                return nnx.merge(graphdef, one)(h, *layer_args)
 
         def run(h: jax.Array, layer_params: nnx.State, layer_args) -> jax.Array:
             return ctx.scan_layers(apply, h, layer_params, layer_args)
