@@ -57,12 +57,12 @@ def parse_mesh(text: str) -> dict:
 
 def compile_case(family: str, attention: str, precision: str, mesh: str, remat: str = "full",
                  gpu: str = "H100-SXM", sequence_parallel: bool = False, batch: int = 8,
-                 pipeline: str = "interleaved") -> dict:
+                 pipeline: str = "interleaved", layers: int = 2) -> dict:
     """One deviceless compile; its memory, time and kernels as a dict."""
     degrees = parse_mesh(mesh)
     devices = gpu_target.topology(gpu, gpus_per_host=8)
     jmesh = jaxsmp.Mesh(**degrees, devices=devices)
-    config = model_config(family, attention)
+    config = model_config(family, attention, layers)
     state = abstract_state(config.build, optax.adamw(1e-4), jmesh)
     tokens = {"tokens": jax.ShapeDtypeStruct((batch, SEQ), np.int32)}
     options = dict(precision=precision, remat=remat, sequence_parallel=sequence_parallel)

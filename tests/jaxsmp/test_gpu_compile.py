@@ -127,20 +127,22 @@ def test_pipeline_with_tp_refuses_a_per_device_kernel_and_auto_runs_blockwise():
 
 @pytest.fixture(scope="module")
 def offload_pair() -> tuple[dict, dict]:
-    return (compile_case("llama", "cudnn", "bf16", "sdp=8", "save_matmuls"),
-            compile_case("llama", "cudnn", "bf16", "sdp=8", "offload"))
+    # Llama 2 7b width, 8 layers, 4 x 2048 tokens per GPU: saved matmul outputs dominate
+    # (with 2 layers and one sequence the gathered weights do, and the staging buffers of
+    # the host copies outweigh what is moved)
+    return tuple(compile_case("llama", "cudnn", "bf16", "sdp=8", remat, batch=32, layers=8)
+                 for remat in ("save_matmuls", "offload"))
 
 
 def test_offload_keeps_saved_matmuls_in_host_memory_on_the_gpu(offload_pair):
     saved, offload = offload_pair
     assert saved["host_buffers"] == 0 and offload["host_buffers"] > 0
-    assert offload["host_temporaries_mib"] > 100  # Llama-7b-wide, 2 layers: 252 MiB
+    assert offload["host_temporaries_mib"] > 1024  # measured 4,032 MiB
 
 
-@pytest.mark.xfail(strict=True, reason="the device peak does not drop yet: 1,557 MiB with "
-                   "save_matmuls, 1,734 with offload and 252 MiB on the host (Llama 2 7b "
-                   "width, 2 layers, sdp=8, bf16, cuDNN)")
 def test_offload_lowers_device_temporaries_by_what_it_moves_to_the_host(offload_pair):
+    # measured: 8,725 -> 5,164 MiB on the device, 4,032 MiB on the host (the scan's
+    # backward reads each layer's slice back from host memory: zero3_scan keeps it)
     saved, offload = offload_pair
     drop = saved["temporaries_mib"] - offload["temporaries_mib"]
-    assert drop > 0.5 * offload["host_temporaries_mib"], (saved, offload)
+    assert drop > 0.75 * offload["host_temporaries_mib"], (saved, offload)
