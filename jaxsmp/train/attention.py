@@ -32,7 +32,7 @@ import pallas_kernels
 from pallas_kernels.attention import choose_impl
 
 
-def _split_over_tp(q: jax.Array, k: jax.Array, tp: int) -> str | None:
+def _split_over_tp(q: jax.Array, tp: int) -> str | None:
     """What the kernel's calls are split on over ``tp``: ``heads`` when ``tp`` divides
     the query heads (Megatron's layout), else ``batch`` when it divides the local batch,
     else nothing (each ``tp`` device runs every head of its batch)."""
@@ -53,23 +53,6 @@ def _repeat_kv(k: jax.Array, v: jax.Array, tp: int, heads: int):
     return jnp.repeat(k, reps, axis=2), jnp.repeat(v, reps, axis=2)
 
 
-def _opaque(fn: Callable) -> Callable:
-    """``fn`` as one unit to JAX's partial evaluation. Inside a layer scan that is itself
-    in a loop (the pipeline's ticks), JAX partially evaluates the ``shard_map`` bodies
-    below and hoists what depends on no input (the kernels' iota masks and block
-    indices) out as residuals whose sharding it gets wrong (mesh axes out of order, an
-    XLA verifier error); a ``custom_vjp`` is staged whole. Differentiated by
-    :func:`_per_device`, never by JAX."""
-    @jax.custom_vjp
-    def run(*args):
-        return fn(*args)
-
-    def backward(_, __):
-        raise NotImplementedError("per-device attention is not differentiable twice")
-    run.defvjp(lambda *args: (fn(*args), None), backward)
-    return run
-
-
 def _per_device(fn: Callable, mesh, free: tuple[str, ...], qkv: P, extra_specs) -> Callable:
     """``fn(q, k, v, extra)`` in a ``shard_map`` manual over ``free``, differentiated by
     hand: JAX's own partial evaluation of a ``shard_map`` nested in the step's splits its
@@ -80,7 +63,7 @@ def _per_device(fn: Callable, mesh, free: tuple[str, ...], qkv: P, extra_specs) 
     one_each = P(names)
 
     def mapped(body, in_specs, out_specs):
-        return jax.shard_map(_opaque(body), mesh=mesh, axis_names=set(free), in_specs=in_specs,
+        return jax.shard_map(body, mesh=mesh, axis_names=set(free), in_specs=in_specs,
                              out_specs=out_specs)
 
     @jax.custom_vjp
@@ -112,7 +95,7 @@ def _per_device(fn: Callable, mesh, free: tuple[str, ...], qkv: P, extra_specs) 
     return run
 
 
-def _per_device_kernel(q, k, alibi_slopes, segment_ids, kwargs) -> bool:
+def _per_device_kernel(q, alibi_slopes, segment_ids, kwargs) -> bool:
     """Whether the call runs a kernel GSPMD cannot partition (Pallas, cuDNN), which then
     runs per device; ``reference`` and ``blockwise`` are plain XLA ops that GSPMD splits
     over ``tp`` by itself."""
@@ -136,7 +119,7 @@ def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
         free = tuple(a for a in mesh.axis_names if a not in manual)
         extra = {name: x for name, x in (("alibi_slopes", alibi_slopes),
                                          ("segment_ids", segment_ids)) if x is not None}
-        if not free or not _per_device_kernel(q, k, alibi_slopes, segment_ids, kwargs):
+        if not free or not _per_device_kernel(q, alibi_slopes, segment_ids, kwargs):
             return pallas_kernels.attention(q, k, v, **extra, **kwargs)
         if "pp" in manual and kwargs.get("impl", "auto") == "auto":
             # the rule of auto on such meshes (see the module docstring)
@@ -148,7 +131,7 @@ def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
                 f"inside the pipeline's loop JAX mis-shards a kernel mapped over tp. Use "
                 f"attention_impl='blockwise' or 'auto', or a mesh with tp=1 or pp=1")
         tp = mesh.shape["tp"] if "tp" in free else 1
-        split = _split_over_tp(q, k, tp)
+        split = _split_over_tp(q, tp)
         if split == "heads":
             k, v = _repeat_kv(k, v, tp, q.shape[2])
         on = lambda dim: "tp" if split == dim else None  # noqa: E731
