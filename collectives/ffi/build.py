@@ -1,8 +1,9 @@
 """Compile the MPI collectives once into a cache directory keyed by a hash of their inputs.
 
 CPU build: ``mpi_collectives.cc`` with g++ (``$CXX``). CUDA build: the same file plus
-``mpi_collectives_cuda.cu`` with nvcc (``$NVCC``, else ``nvcc`` on PATH or in
-``$CUDA_HOME/bin``), for the GPU architectures in ``$JAXSMP_CUDA_ARCHS`` (default 80,90).
+``mpi_collectives_cuda.cu`` with nvcc (``$NVCC``, else ``nvcc`` on PATH, in
+``$CUDA_HOME/bin``, or from the CUDA 13 compiler wheels of the ``cuda-build`` extra), for
+the GPU architectures in ``$JAXSMP_CUDA_ARCHS`` (default 80,90).
 Both link the MPI found by :func:`find_mpi` (``$MPI_HOME`` first: point it at a site's
 CUDA-aware MPI).
 """
@@ -66,16 +67,29 @@ def find_mpiexec() -> str | None:
     return None
 
 
+def wheel_nvcc() -> str | None:
+    """nvcc of the ``nvidia-cuda-nvcc`` wheel (CUDA 13: ``nvidia/cu13/bin``; with
+    ``nvidia-nvvm``, ``-cuda-crt``, ``-cuda-runtime`` and ``-cuda-cccl`` beside it, a
+    whole compiler from PyPI). The ``nvidia-cuda-nvcc-cu12`` wheels ship only ptxas."""
+    for root in [*site.getsitepackages(), site.getusersitepackages()]:
+        nvcc = Path(root) / "nvidia" / "cu13" / "bin" / "nvcc"
+        if nvcc.exists():
+            return str(nvcc)
+    return None
+
+
 def find_nvcc() -> str:
-    """nvcc from ``$NVCC``, PATH or ``$CUDA_HOME/bin``. (The nvidia-cuda-nvcc wheels ship
-    ptxas, not nvcc; the CUDA toolkit is needed to build the CUDA handlers.)"""
+    """nvcc from ``$NVCC``, PATH, ``$CUDA_HOME/bin`` or :func:`wheel_nvcc`."""
     wanted = os.environ.get("NVCC")
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-    nvcc = shutil.which(wanted) if wanted else (shutil.which("nvcc")
-                                                 or shutil.which("nvcc", path=f"{home}/bin"))
+    if wanted:
+        nvcc = shutil.which(wanted)
+    else:
+        home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        nvcc = shutil.which("nvcc") or shutil.which("nvcc", path=f"{home}/bin") or wheel_nvcc()
     if not nvcc:
-        raise NoCudaCompiler("no nvcc found (PATH, $NVCC, $CUDA_HOME/bin): install the CUDA "
-                             "toolkit to build the CUDA handlers of the ffi collectives")
+        raise NoCudaCompiler("no nvcc found (PATH, $NVCC, $CUDA_HOME/bin, the nvidia-cuda-nvcc "
+                             "wheel): pip install 'jaxsmp[cuda-build]' or the CUDA toolkit to "
+                             "build the CUDA handlers of the ffi collectives")
     return nvcc
 
 
@@ -88,10 +102,12 @@ def _archs() -> list[str]:
 
 def _command(cuda: bool, inc: Path, lib: Path, out: Path) -> list[str]:
     common = ["-O2", "-std=c++17", "-shared", "-o", str(out), str(SOURCE),
-              f"-I{jax.ffi.include_dir()}", f"-I{inc}", f"-L{lib}", "-lmpi"]
+              "-isystem", jax.ffi.include_dir(), f"-I{inc}", f"-L{lib}", "-lmpi"]
     if cuda:
-        return [find_nvcc(), *common, str(CUDA_SOURCE), "-Xcompiler", "-fPIC", *_archs(),
-                "-Xlinker", f"-rpath,{lib}"]
+        nvcc = find_nvcc()
+        cudart = Path(nvcc).resolve().parents[1] / "lib"  # the wheels' static runtime
+        return [nvcc, *common, str(CUDA_SOURCE), "-Xcompiler", "-fPIC", *_archs(),
+                f"-L{cudart}", "-Xlinker", f"-rpath,{lib}"]
     return [find_compiler(), *common, "-fPIC", f"-Wl,-rpath,{lib}"]
 
 

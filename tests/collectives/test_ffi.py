@@ -128,20 +128,46 @@ def test_library_is_cached_by_source_hash(monkeypatch, tmp_path):
     assert build.library_path() == first and first.stat().st_mtime_ns == mtime
 
 
+def _wheel_nvcc() -> str:
+    nvcc = build.wheel_nvcc()
+    if nvcc is None:
+        pytest.skip("the test extra installs the CUDA 13 compiler wheels (jaxsmp[cuda-build])")
+    return nvcc
+
+
+def _cuda_symbols(lib: Path) -> str:
+    return subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.slow
 @needs_mpi
-def test_cuda_handlers_compile_with_nvcc(monkeypatch, tmp_path):
-    try:
-        nvcc = build.find_nvcc()
-    except build.NoCudaCompiler as e:
-        pytest.skip(f"only the CUDA build is skipped: {e}")
+def test_cuda_handlers_compile_with_the_wheels_nvcc_for_a100_and_h100(monkeypatch, tmp_path):
+    # nvcc from PyPI, CUDA runtime headers and static cudart from PyPI, XLA's FFI headers
+    # from jaxlib, mpi.h from the mpich wheel: nothing from the machine but g++
+    monkeypatch.setenv("NVCC", _wheel_nvcc())
     monkeypatch.setenv("JAXSMP_COLLECTIVES_CACHE", str(tmp_path))
-    monkeypatch.setenv("JAXSMP_CUDA_ARCHS", "90")  # one architecture: a quicker compile
+    monkeypatch.delenv("JAXSMP_CUDA_ARCHS", raising=False)  # the default: sm_80 and sm_90
     lib = build.library_path(cuda=True)
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
-                             text=True, check=True).stdout
+    symbols = _cuda_symbols(lib)
     for name in ["JaxsmpMpiAllGatherCuda", "JaxsmpMpiReduceScatterCuda", "JaxsmpMpiAllGather",
                  "jaxsmp_mpi_cuda_aware", "jaxsmp_mpi_split"]:
-        assert re.search(rf" T {name}$", symbols, re.M), (name, nvcc)
+        assert re.search(rf" T {name}$", symbols, re.M), name
+    assert b"sm_80" in lib.read_bytes() and b"sm_90" in lib.read_bytes()
+
+
+@pytest.mark.slow
+@needs_mpi
+def test_a_cuda_compile_error_is_reported_with_the_compilers_message(monkeypatch, tmp_path):
+    broken = tmp_path / "broken.cu"
+    (tmp_path / build.HEADER.name).write_text(build.HEADER.read_text())
+    broken.write_text(build.CUDA_SOURCE.read_text().replace("cudaMemcpyAsync(", "cudaMemcpyAsnc(", 1))
+    monkeypatch.setattr(build, "CUDA_SOURCE", broken)
+    monkeypatch.setenv("NVCC", _wheel_nvcc())
+    monkeypatch.setenv("JAXSMP_COLLECTIVES_CACHE", str(tmp_path))
+    monkeypatch.setenv("JAXSMP_CUDA_ARCHS", "90")
+    with pytest.raises(build.BuildError, match="(?s)CUDA MPI collectives failed.*cudaMemcpyAsnc"):
+        build.library_path(cuda=True)
 
 
 def test_a_missing_nvcc_is_its_own_error(monkeypatch):
