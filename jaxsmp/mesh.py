@@ -1,4 +1,5 @@
-"""The device mesh: data (dp), sharded data (sdp), tensor (tp) and pipeline (pp) axes."""
+"""The device mesh: data (dp), sharded data (sdp), context (cp), tensor (tp) and pipeline
+(pp) axes."""
 from __future__ import annotations
 
 import math
@@ -10,9 +11,9 @@ import numpy as np
 
 import collectives
 
-# Outermost to innermost. tp varies fastest, so tp groups and then sdp groups are
-# formed from consecutive devices of one host; dp replicas go across hosts.
-AXES = ("dp", "pp", "sdp", "tp")
+# Outermost to innermost. tp varies fastest, so tp groups, then cp groups and then sdp
+# groups are formed from consecutive devices of one host; dp replicas go across hosts.
+AXES = ("dp", "pp", "sdp", "cp", "tp")
 DATA_AXES = ("dp", "sdp")   # the batch is split over these
 PIPELINE_AXIS = "pp"
 
@@ -30,14 +31,12 @@ def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.nd
     return np.asarray(ordered, dtype=object).reshape(shape)
 
 
-def _resolve_degrees(n: int, dp: int | None, sdp: int | None, tp: int | None,
-                     pp: int | None) -> dict[str, int]:
-    given = {"dp": dp, "pp": pp, "sdp": sdp, "tp": tp}
+def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
     for name, value in given.items():
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"mesh degree {name}={value!r} must be a positive integer")
     fixed = {k: v for k, v in given.items() if v is not None}
-    defaults = {"dp": 1, "pp": 1, "tp": 1}
+    defaults = {"dp": 1, "pp": 1, "cp": 1, "tp": 1}
     missing = [k for k in AXES if given[k] is None]
     if "sdp" in missing:  # sdp takes what is left
         others = {k: fixed.get(k, defaults.get(k, 1)) for k in AXES if k != "sdp"}
@@ -62,13 +61,15 @@ class Mesh:
     """A jaxsmp device mesh. ``sdp`` defaults to whatever the other degrees leave.
 
     ``Mesh(sdp=4, tp=2)`` on 8 devices: ZeRO-3 over groups of 4, Megatron tensor
-    parallelism over pairs. ``collectives`` names the algorithm for the sdp
+    parallelism over pairs. ``cp`` splits every sequence over that many devices
+    (context parallelism, :mod:`jaxsmp.context`). ``collectives`` names the algorithm for the sdp
     parameter gather / gradient reduce-scatter (see ``collectives.ALGORITHMS``).
     """
     dp: int | None = None
     sdp: int | None = None
     tp: int | None = None
     pp: int | None = None
+    cp: int | None = None
     devices: Sequence[jax.Device] | None = None
     collectives: str = "auto"
     jax_mesh: jax.sharding.Mesh = field(init=False, repr=False, compare=False)
@@ -76,7 +77,7 @@ class Mesh:
     def __post_init__(self) -> None:
         check_collectives(self.collectives)
         devices = list(self.devices if self.devices is not None else jax.devices())
-        degrees = _resolve_degrees(len(devices), self.dp, self.sdp, self.tp, self.pp)
+        degrees = _resolve_degrees(len(devices), {a: getattr(self, a) for a in AXES})
         for name, value in degrees.items():
             object.__setattr__(self, name, value)
         grid = _device_grid(devices, tuple(degrees[a] for a in AXES))
@@ -95,10 +96,10 @@ class Mesh:
     def manual_axes(self) -> tuple[str, ...]:
         """The axes the train step handles by hand (``shard_map``). With ``tp = 1``: all
         of them, so kernels GSPMD cannot partition (cuDNN's attention, Pallas) run on
-        each device's data as they are. With ``tp > 1``, which GSPMD places: the data and
-        pipeline axes of size > 1 (XLA rejects collectives over size-1 manual axes
-        beside automatic ones)."""
-        if self.tp == 1:
+        each device's data as they are. With ``tp > 1`` or ``cp > 1``, which GSPMD places
+        (Megatron's splits; the sequence split): the data and pipeline axes of size > 1
+        (XLA rejects collectives over size-1 manual axes beside automatic ones)."""
+        if self.tp == 1 and self.cp == 1:
             return AXES
         return tuple(a for a in DATA_AXES + (PIPELINE_AXIS,) if getattr(self, a) > 1)
 

@@ -35,7 +35,8 @@ def model_vocab(cfg: TrainConfig, preset_vocab: int, data_vocab: int) -> int:
 
 def build(cfg: TrainConfig, data_vocab: int) -> tuple[TrainState, object]:
     """The initial (sharded) state and the model config, for data of ``data_vocab`` tokens."""
-    mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, collectives=cfg.collectives)
+    mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp,
+                collectives=cfg.collectives)
     if cfg.init_from_hf:
         return from_hf(cfg, mesh, data_vocab)
     model_cfg = preset(cfg.model, cfg.preset, attention_impl=cfg.attention)

@@ -29,6 +29,8 @@ class TrainConfig:
                          "left over)")
     tp: int = _f(1, "mesh", "tensor-parallel degree")
     pp: int = _f(1, "mesh", "pipeline-parallel degree")
+    cp: int = _f(1, "mesh", "context-parallel degree: every sequence split over this many "
+                 "devices (long sequences)")
     simulate_devices: int = _f(8, "mesh", "number of simulated CPU devices (ignored on GPU/TPU)")
     collectives: str = _f("auto", "mesh", "algorithm for the sdp parameter gather / gradient "
                           "reduce-scatter")
@@ -45,6 +47,9 @@ class TrainConfig:
     sequence_parallel: bool = _f(False, "step", "Megatron sequence parallelism: activations "
                                  "between the tp matmuls split over tp on the sequence "
                                  "(needs --tp > 1)")
+    context_parallel: str = _f("auto", "step", "how attention spans the cp devices: ulysses "
+                               "(all-to-all over heads), ring, or auto (ulysses where the "
+                               "heads divide, else ring)")
     lr: float = _f(3e-3, "step", "peak learning rate (linear warm-up, cosine decay to 10%%)")
     warmup: int = _f(20, "step", "warm-up steps")
     weight_decay: float = _f(0.1, "step", "AdamW weight decay")

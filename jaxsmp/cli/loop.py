@@ -122,8 +122,10 @@ def _compiled_steps(cfg: TrainConfig):
     train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
                       precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
                       pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks,
-                      sequence_parallel=cfg.sequence_parallel)
-    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision)
+                      sequence_parallel=cfg.sequence_parallel,
+                      context_parallel=cfg.context_parallel)
+    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision,
+                                 context_parallel=cfg.context_parallel)
 
 
 def _record(run: Run, history: History, done: int, values: dict) -> None:

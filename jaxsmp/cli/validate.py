@@ -9,6 +9,7 @@ import collectives
 from pallas_kernels.attention import IMPLS
 
 from jaxsmp.checkpoint.manager import RESUME_MODES
+from jaxsmp.context import STRATEGIES
 from jaxsmp.models.registry import FAMILIES
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
@@ -29,10 +30,11 @@ CHOICES = {
     "attention": IMPLS,
     "pipeline": SCHEDULES,
     "resume": RESUME_MODES,
+    "context_parallel": STRATEGIES,
 }
 # smallest valid value of each numeric setting
 MINIMUM = {"steps": 1, "batch_size": 1, "seq_len": 2, "microbatches": 1, "virtual_chunks": 1,
-           "dp": 1, "sdp": 1, "tp": 1, "pp": 1, "simulate_devices": 1, "warmup": 0,
+           "dp": 1, "sdp": 1, "tp": 1, "pp": 1, "cp": 1, "simulate_devices": 1, "warmup": 0,
            "eval_every": 0, "eval_batches": 1, "prefetch": 0, "save_every": 0, "keep": 1,
            "log_every": 1, "vocab_size": 1, "weight_decay": 0}
 POSITIVE = ("lr", "clip_norm")  # real numbers > 0 (clip_norm may also be None)
@@ -76,6 +78,18 @@ def _check_profile_steps(cfg) -> None:
         raise ConfigError("profile_steps needs log_dir: the trace is written to LOG_DIR/profile")
 
 
+def _check_context(cfg) -> None:
+    if cfg.context_parallel != "auto" and cfg.cp == 1:
+        raise ConfigError(f"context_parallel {cfg.context_parallel!r} splits sequences over "
+                          f"cp, but cp is 1; set cp > 1 or drop context_parallel")
+    if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
+        raise ConfigError(f"seq_len {cfg.seq_len} must be a multiple of 2*cp = {2 * cfg.cp} "
+                          f"(context parallelism cuts each sequence into 2*cp chunks)")
+    if cfg.cp > 1 and cfg.pp > 1:
+        raise ConfigError(f"cp={cfg.cp} with pp={cfg.pp}: context and pipeline parallelism "
+                          f"together are not supported yet; set one of them to 1")
+
+
 def check_config(cfg) -> None:
     """Raises :class:`ConfigError` for the first invalid setting of ``cfg``."""
     for f in dataclasses.fields(cfg):
@@ -86,6 +100,7 @@ def check_config(cfg) -> None:
     if cfg.sequence_parallel and cfg.tp == 1:
         raise ConfigError("sequence_parallel splits activations over tp, but tp is 1; "
                           "set tp > 1 or drop sequence_parallel")
+    _check_context(cfg)
     if cfg.init_from_hf is None and cfg.preset not in FAMILIES[cfg.model]:
         raise ConfigError(f"unknown {cfg.model} preset {cfg.preset!r}; valid: "
                           f"{', '.join(FAMILIES[cfg.model])}")

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
+from jaxsmp.context.ring import ring_attention
+from jaxsmp.context.ulysses import check_heads, fits, ulysses_attention
 from pallas_kernels.attention import choose_impl
 
 
@@ -108,8 +110,34 @@ def _per_device_kernel(q, alibi_slopes, segment_ids, kwargs) -> bool:
     return impl in ("pallas", "cudnn")
 
 
-def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
-    """``pallas_kernels.attention`` per device on ``mesh`` (see the module docstring)."""
+def _context_kernel(strategy: str, q, k, tp: int, cp: int, kwargs) -> Callable:
+    """The per-device attention of a ``cp`` mesh: ``ulysses`` or ``ring`` (``auto``:
+    ulysses when ``cp`` divides the local heads), see :mod:`jaxsmp.context`."""
+    if strategy == "auto":
+        strategy = "ulysses" if fits(q.shape[2], cp, tp) else "ring"
+    if strategy == "ulysses":
+        check_heads(q.shape[2], cp, tp)
+        return lambda q, k, v, extra: ulysses_attention(pallas_kernels.attention, q, k, v,
+                                                        **extra, **kwargs)
+    impl = kwargs.get("impl", "auto")
+    if impl not in ("auto", "blockwise", "reference") or not kwargs.get("causal"):
+        raise ValueError(f"context_parallel='ring' runs causal attention with its blocks in "
+                         f"XLA; got impl={impl!r}, causal={kwargs.get('causal')!r}. Use "
+                         f"attention_impl 'auto' (or 'blockwise'), or context_parallel='ulysses'")
+    scale = kwargs.get("softmax_scale") or q.shape[3] ** -0.5
+
+    def ring(q, k, v, extra):
+        if "segment_ids" in extra:
+            raise ValueError("context_parallel='ring' does not take segment ids (packed "
+                             "sequences); use context_parallel='ulysses'")
+        return ring_attention(q, k, v, extra.get("alibi_slopes"), scale)
+    return ring
+
+
+def local_attention(mesh: jax.sharding.Mesh,
+                    context_parallel: str = "auto") -> Callable[..., jax.Array]:
+    """``pallas_kernels.attention`` per device on ``mesh`` (see the module docstring);
+    on a ``cp`` mesh through the ``context_parallel`` strategy."""
     platform = mesh.devices.flat[0].platform
 
     def attend(q, k, v, *, alibi_slopes=None, segment_ids=None, **kwargs):
@@ -119,7 +147,9 @@ def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
         free = tuple(a for a in mesh.axis_names if a not in manual)
         extra = {name: x for name, x in (("alibi_slopes", alibi_slopes),
                                          ("segment_ids", segment_ids)) if x is not None}
-        if not free or not _per_device_kernel(q, alibi_slopes, segment_ids, kwargs):
+        cp = mesh.shape["cp"] if "cp" in free else 1
+        if cp == 1 and (not free or not _per_device_kernel(q, alibi_slopes, segment_ids,
+                                                             kwargs)):
             return pallas_kernels.attention(q, k, v, **extra, **kwargs)
         if "pp" in manual and kwargs.get("impl", "auto") == "auto":
             # the rule of auto on such meshes (see the module docstring)
@@ -139,7 +169,12 @@ def local_attention(mesh: jax.sharding.Mesh) -> Callable[..., jax.Array]:
 
         def kernel(q, k, v, extra):
             return pallas_kernels.attention(q, k, v, **extra, **kwargs)
+        if cp > 1:
+            kernel = _context_kernel(context_parallel, q, k, tp if split == "heads" else 1, cp,
+                                     kwargs)
+            specs["segment_ids"] = P(on("batch"), "cp")
         run = _per_device(kernel, context if not context.empty else mesh, free,
-                          P(on("batch"), None, on("heads"), None), {n: specs[n] for n in extra})
+                          P(on("batch"), "cp" if cp > 1 else None, on("heads"), None),
+                          {n: specs[n] for n in extra})
         return run(q, k, v, extra)
     return attend

@@ -16,6 +16,12 @@ def check_batch(batch: Any, mesh: Mesh, microbatches: int) -> int:
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"every batch leaf needs the same leading batch dimension; got {sizes}")
     size = sizes.pop()
+    for x in jax.tree.leaves(batch):
+        if np.ndim(x) >= 2 and np.shape(x)[1] % (2 * mesh.cp) and mesh.cp > 1:
+            raise ValueError(
+                f"context parallelism splits each sequence into 2*cp = {2 * mesh.cp} chunks "
+                f"(cp={mesh.cp}), but a batch leaf has sequence length {np.shape(x)[1]}; use "
+                f"a multiple of {2 * mesh.cp}")
     need = mesh.data_size * microbatches
     if size % need:
         raise ValueError(

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxsmp.context.sequence import over_context
 from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
@@ -51,11 +52,15 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
             zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
             scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
-        if options.sequence_parallel:
+        cp = mesh.shape["cp"]
+        if cp > 1:
+            scan = over_context(scan, mesh, cp, ("cp", "tp") if options.sequence_parallel
+                                else ("cp",))
+        elif options.sequence_parallel:
             scan = over_sequence(scan, mesh)
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
                            embed_lookup=lookup_hook(params, top, tables, dtype),
-                           attention=local_attention(mesh))
+                           attention=local_attention(mesh, options.context_parallel))
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

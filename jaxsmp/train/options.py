@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxsmp.context import STRATEGIES
 from jaxsmp.mesh import check_collectives
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
@@ -31,7 +32,9 @@ class StepOptions:
     (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
     stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
-    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`)."""
+    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`). ``context_parallel``
+    (needs cp > 1 when not ``auto``): how attention reaches the other ``cp`` devices'
+    tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`)."""
     microbatches: int = 1
     precision: str = "fp32"
     remat: str = "none"
@@ -42,6 +45,7 @@ class StepOptions:
     sequence_parallel: bool = False
     pipeline: str = "simple"
     virtual_chunks: int = 2
+    context_parallel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
@@ -60,6 +64,9 @@ class StepOptions:
         if self.prefetch not in (None, True, False):
             raise ValueError(f"prefetch must be True, False or None (on GPUs), "
                              f"got {self.prefetch!r}")
+        if self.context_parallel not in STRATEGIES:
+            raise ValueError(f"unknown context_parallel strategy {self.context_parallel!r}; "
+                             f"valid: {STRATEGIES}")
         if self.sequence_parallel not in (True, False):
             raise ValueError(f"sequence_parallel must be True or False, "
                              f"got {self.sequence_parallel!r}")

@@ -14,16 +14,13 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsmp.context.sequence import split_sequence
 
 
 def shard_sequence(h: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
-    """``h`` ([batch, seq, ...]) constrained to its sequence split over ``tp``: on the
-    step's ``shard_map`` mesh (batch already local) or, without one, on ``mesh``."""
-    context = jax.sharding.get_abstract_mesh()
-    target = mesh if context.empty else context
-    spec = P(None, "tp", *[None] * (h.ndim - 2))
-    return jax.lax.with_sharding_constraint(h, NamedSharding(target, spec))
+    """``h`` ([batch, seq, ...]) constrained to its sequence split over ``tp``."""
+    return split_sequence(h, mesh, ("tp",))
 
 
 def over_sequence(scan: Callable, mesh: jax.sharding.Mesh) -> Callable:

@@ -41,6 +41,12 @@ def _plan(state: TrainState, options: StepOptions) -> PipelinePlan:
     if options.sequence_parallel and state.mesh.tp == 1:
         raise ValueError("sequence_parallel=True splits activations over tp, but the mesh "
                          "has tp=1; use a mesh with tp > 1 or sequence_parallel=False")
+    if options.context_parallel != "auto" and state.mesh.cp == 1:
+        raise ValueError(f"context_parallel={options.context_parallel!r} splits sequences over "
+                         f"cp, but the mesh has cp=1; use a mesh with cp > 1 or the default")
+    if state.mesh.cp > 1 and state.mesh.pp > 1:
+        raise ValueError(f"context parallelism (cp={state.mesh.cp}) with pipeline parallelism "
+                         f"(pp={state.mesh.pp}) is not supported yet; use pp=1 or cp=1")
     stacked = [v for v in jax.tree.leaves(state.params, is_leaf=is_var) if is_stacked(v)]
     return PipelinePlan(stages=state.mesh.pp, schedule=options.pipeline,
                         microbatches=options.microbatches,
@@ -106,7 +112,7 @@ class TrainStep(_Step):
             params = manual.vary_over_replicas(params, mesh)
             grads, loss, metrics = plan.gradients(forward, params, batch,
                                                   scale / mesh.data_size,
-                                                  branchless=mesh.tp > 1)
+                                                  branchless=mesh.tp > 1 or mesh.cp > 1)
             return (manual.sum_over_replicas(grads, mesh),
                     *manual.mean_over_data((loss, metrics), mesh))
 
