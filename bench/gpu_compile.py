@@ -41,13 +41,13 @@ SEQ = 2048
 KERNELS = {"cudnn": "__cudnn$fmha", "triton": "__gpu$xla.gpu.triton"}
 
 
-def model_config(family: str, attention: str, layers: int = 2):
+def model_config(family: str, attention: str, layers: int = 2, seq: int = SEQ):
     name, overrides = PRESETS[family]
     config = jaxsmp.models.preset(family, name, **overrides)
     field = "n_layer" if family == "bloom" else "num_hidden_layers"
     config = config.replace(attention_impl=attention, **{field: layers})
     if hasattr(config, "max_position_embeddings"):
-        config = config.replace(max_position_embeddings=max(SEQ, config.max_position_embeddings))
+        config = config.replace(max_position_embeddings=max(seq, config.max_position_embeddings))
     return config
 
 
@@ -57,15 +57,18 @@ def parse_mesh(text: str) -> dict:
 
 def compile_case(family: str, attention: str, precision: str, mesh: str, remat: str = "full",
                  gpu: str = "H100-SXM", sequence_parallel: bool = False, batch: int = 8,
-                 pipeline: str = "interleaved", layers: int = 2) -> dict:
+                 pipeline: str = "interleaved", layers: int = 2, seq: int = SEQ,
+                 context_parallel: str = "auto") -> dict:
     """One deviceless compile; its memory, time and kernels as a dict."""
     degrees = parse_mesh(mesh)
     devices = gpu_target.topology(gpu, gpus_per_host=8)
     jmesh = jaxsmp.Mesh(**degrees, devices=devices)
-    config = model_config(family, attention, layers)
+    config = model_config(family, attention, layers, seq)
     state = abstract_state(config.build, optax.adamw(1e-4), jmesh)
-    tokens = {"tokens": jax.ShapeDtypeStruct((batch, SEQ), np.int32)}
+    tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
     options = dict(precision=precision, remat=remat, sequence_parallel=sequence_parallel)
+    if degrees.get("cp", 1) > 1:
+        options.update(context_parallel=context_parallel)
     if degrees.get("pp", 1) > 1:
         options.update(microbatches=2, pipeline=pipeline)
     start = time.perf_counter()
@@ -75,7 +78,7 @@ def compile_case(family: str, attention: str, precision: str, mesh: str, remat: 
     stats, text = compiled.memory_analysis(), compiled.as_text()
     calls = re.findall(r'custom_call_target="([^"]+)"', text)
     return {"family": family, "attention": attention, "precision": precision, "mesh": mesh,
-            "remat": remat, "sequence_parallel": sequence_parallel, "gpu": gpu,
+            "remat": remat, "sequence_parallel": sequence_parallel, "gpu": gpu, "seq": seq,
             "compile_s": round(seconds, 1),
             "arguments_mib": stats.argument_size_in_bytes / MiB,
             "temporaries_mib": stats.temp_size_in_bytes / MiB,
@@ -115,16 +118,20 @@ def main(argv=None) -> int:
     p.add_argument("--remat", nargs="+", default=["full"])
     p.add_argument("--gpu", default="H100-SXM", choices=sorted(gpu_target.TARGETS))
     p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--seq", type=int, default=SEQ, help="sequence length")
+    p.add_argument("--context-parallel", default="auto", help="with a cp mesh: ulysses, ring")
+    p.add_argument("--batch", type=int, default=8, help="global batch in sequences")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     cases = DEFAULT_CASES if not args.family else list(itertools.product(
         args.family, args.attention, args.precision, args.mesh, args.remat))
-    print(f"jax {jax.__version__}, {args.gpu} x 8, seq {SEQ}, 2 layers", flush=True)
+    print(f"jax {jax.__version__}, {args.gpu} x 8, seq {args.seq}, 2 layers", flush=True)
     print("| family | attention | precision | mesh | remat | compile s | arguments MiB | "
           "temporaries MiB | host MiB | kernels |\n|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for case in cases:
-        r = compile_case(*case, gpu=args.gpu, sequence_parallel=args.sequence_parallel)
+        r = compile_case(*case, gpu=args.gpu, sequence_parallel=args.sequence_parallel,
+                         seq=args.seq, batch=args.batch, context_parallel=args.context_parallel)
         results.append(r)
         print(row(r), flush=True)
     if args.json:

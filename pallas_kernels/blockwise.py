@@ -39,7 +39,7 @@ def _slice(x: jax.Array | None, start: jax.Array, size: int, axis: int) -> jax.A
     return None if x is None else lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
-def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
+def forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     """q5 [b, s, kvh, g, d] -> (out [b, kvh, g, s, d] float32, lse [b, kvh, g, s])."""
     b, seq_len, kvh, g, d = q5.shape
     tile = functools.partial(_tile_scores, scale=scale, causal=causal, slopes=slopes)
@@ -77,7 +77,7 @@ def _forward(q5, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     return out, lse
 
 
-def _backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, block_q,
+def backward(q5, k, v, do5, lse, delta, slopes, segment_ids, scale, causal, block_q,
               block_k):
     """Gradients (dq5, dk, dv) in float32, unscaled dq/dk (the caller multiplies by scale)."""
     b, seq_len, kvh, g, d = q5.shape
@@ -131,18 +131,18 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Ar
     return _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k)[0]
 
 
-def _split_heads(q: jax.Array, kv_heads: int) -> jax.Array:
+def split_heads(q: jax.Array, kv_heads: int) -> jax.Array:
     b, s, h, d = q.shape
     return q.reshape(b, s, kv_heads, h // kv_heads, d)
 
 
-def _group_slopes(slopes: jax.Array | None, kv_heads: int) -> jax.Array | None:
+def group_slopes(slopes: jax.Array | None, kv_heads: int) -> jax.Array | None:
     return None if slopes is None else slopes.astype(jnp.float32).reshape(kv_heads, -1)
 
 
 def _blockwise_fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k):
     kv_heads = k.shape[2]
-    out5, lse = _forward(_split_heads(q, kv_heads), k, v, _group_slopes(slopes, kv_heads),
+    out5, lse = forward(split_heads(q, kv_heads), k, v, group_slopes(slopes, kv_heads),
                          segment_ids, scale, causal, block_q, block_k)
     out = jnp.moveaxis(out5, 3, 1).reshape(q.shape).astype(q.dtype)
     return out, (q, k, v, slopes, segment_ids, out, lse)
@@ -153,8 +153,8 @@ def _blockwise_bwd(scale, causal, block_q, block_k, residuals, do):
     kv_heads = k.shape[2]
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
     delta = delta.reshape(lse.shape)
-    dq, dk, dv = _backward(_split_heads(q, kv_heads), k, v, _split_heads(do, kv_heads), lse,
-                           delta, _group_slopes(slopes, kv_heads), segment_ids, scale, causal,
+    dq, dk, dv = backward(split_heads(q, kv_heads), k, v, split_heads(do, kv_heads), lse,
+                           delta, group_slopes(slopes, kv_heads), segment_ids, scale, causal,
                            block_q, block_k)
     return ((dq * scale).reshape(q.shape).astype(q.dtype), (dk * scale).astype(k.dtype),
             dv.astype(v.dtype), None, None)

@@ -43,6 +43,9 @@ def build(cfg: TrainConfig, data_vocab: int) -> tuple[TrainState, object]:
     vocab = model_vocab(cfg, model_cfg.vocab_size, data_vocab)
     if vocab != model_cfg.vocab_size:
         model_cfg = model_cfg.replace(vocab_size=vocab)
+    if cfg.seq_len > getattr(model_cfg, "max_position_embeddings", cfg.seq_len):
+        # rotary positions have no table: a model trained from scratch takes --seq-len
+        model_cfg = model_cfg.replace(max_position_embeddings=cfg.seq_len)
     return init(model_cfg.build, adamw(cfg), mesh, seed=cfg.seed), model_cfg
 
 
@@ -54,6 +57,9 @@ def from_hf(cfg: TrainConfig, mesh: Mesh, data_vocab: int) -> tuple[TrainState, 
                          f"{cfg.model}; pass --model {family}")
     if cfg.vocab_size is not None:
         raise ValueError("vocab_size cannot be set with init_from_hf: the checkpoint fixes it")
+    if cfg.seq_len > getattr(hf_cfg, "max_position_embeddings", cfg.seq_len):
+        raise ValueError(f"seq_len {cfg.seq_len} exceeds the checkpoint's "
+                         f"max_position_embeddings={hf_cfg.max_position_embeddings}")
     if hf_cfg.vocab_size < data_vocab:
         raise ValueError(f"the tokenizer has {data_vocab} tokens but the checkpoint "
                          f"{cfg.init_from_hf} only {hf_cfg.vocab_size}")

@@ -8,9 +8,11 @@ by their log-sum-exp. Device ``r`` holds sequence chunks ``r`` and ``2·cp-1-r``
 ``src < r`` every local query sees the first of them and none the second; for
 ``src > r`` only the second query chunk sees both. So every device computes the same
 ``2c²`` scores per step and blocks that the causal mask hides entirely are never
-computed. The backward pass (a custom VJP, FlashAttention's: recompute each block from
-the saved output and log-sum-exp) sends the key/value blocks around the ring again
-with their gradient accumulators, which a last ``ppermute`` brings home.
+computed. Each ``c x c`` chunk pair runs as FlashAttention tiles in XLA
+(:func:`pallas_kernels.blockwise.forward`), so memory grows with ``c``, not ``c²``. The
+backward pass (a custom VJP: recompute each pair from the saved output and the final
+log-sum-exp) sends the key/value blocks around the ring again with their gradient
+accumulators, which a last ``ppermute`` brings home.
 """
 from __future__ import annotations
 
@@ -20,49 +22,41 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.vma import match_vma
+from pallas_kernels import blockwise
 
 AXIS = "cp"
 
 
-def _f32(x) -> jnp.dtype:
-    """Accumulation dtype: float32, or float64 for float64 inputs (the tests' reference)."""
-    return jnp.promote_types(x.dtype, jnp.float32)
+TILE = 256  # FlashAttention tile edge within a chunk pair (XLA loops; at most)
 
 
-def _scores(q5, k, q_pos, k_pos, scale, slopes, diagonal):
-    """q5 [b, sq, kvh, g, d], k [b, sk, kvh, d] -> float32 [b, kvh, g, sq, sk]."""
-    s = jnp.einsum("bqhgd,bkhd->bhgqk", q5, k, preferred_element_type=_f32(q5)) * scale
-    if slopes is not None:
-        s = s + slopes.astype(s.dtype)[None, :, :, None, None] * (k_pos[None, :] - q_pos[:, None])
-    if diagonal:
-        s = jnp.where(q_pos[:, None] >= k_pos[None, :], s, -jnp.inf)
-    return s
+def _block_size(c: int) -> int:
+    """The largest tile of at most :data:`TILE` dividing the chunk length ``c``."""
+    return max(b for b in range(1, min(c, TILE) + 1) if c % b == 0)
 
 
-def _block(q5, k, v, q_pos, k_pos, scale, slopes, diagonal):
-    """(out float32 [b, sq, kvh, g, d], lse [b, kvh, g, sq]) of one block; every query
-    row sees at least one key (diagonal blocks: itself)."""
-    s = _scores(q5, k, q_pos, k_pos, scale, slopes, diagonal)
-    lse = jax.nn.logsumexp(s, axis=-1)
-    p = jnp.exp(s - lse[..., None])
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", p.astype(v.dtype), v, preferred_element_type=_f32(v))
-    return out, lse
+def _bias_shift(slopes, shift):
+    """ALiBi's constant ``slope * (k_start - q_start)`` between two chunks, per head: the
+    tiles see positions relative to their own chunk."""
+    return 0.0 if slopes is None else slopes[None, :, :, None] * shift.astype(jnp.float32)
 
 
-def _block_grads(q5, k, v, do5, lse, delta, q_pos, k_pos, scale, slopes, diagonal):
-    """(dq5, dk, dv) in float32 of one block, from the final ``lse`` of its queries."""
-    s = _scores(q5, k, q_pos, k_pos, scale, slopes, diagonal)
-    p = jnp.exp(s - lse[..., None])
-    acc = _f32(q5)
-    dp = jnp.einsum("bqhgd,bkhd->bhgqk", do5, v, preferred_element_type=acc)
-    ds = p * (dp - delta[..., None])
-    dv = jnp.einsum("bhgqk,bqhgd->bkhd", p.astype(do5.dtype), do5, preferred_element_type=acc)
-    dk = jnp.einsum("bhgqk,bqhgd->bkhd", ds.astype(q5.dtype), q5,
-                    preferred_element_type=acc) * scale
-    dq = jnp.einsum("bhgqk,bkhd->bqhgd", ds.astype(k.dtype), k,
-                    preferred_element_type=acc) * scale
-    return dq, dk, dv
+def _block(q5, k, v, slopes, scale, causal, shift):
+    """(out float32 [b, c, kvh, g, d], lse [b, kvh, g, c]) of one c x c chunk pair,
+    FlashAttention's tiles (:func:`pallas_kernels.blockwise.forward`): memory linear in c."""
+    c = q5.shape[1]
+    out, lse = blockwise.forward(q5, k, v, slopes, None, scale, causal, _block_size(c),
+                                 _block_size(c))
+    return jnp.moveaxis(out, 3, 1), lse + _bias_shift(slopes, shift)
+
+
+def _block_grads(q5, k, v, do5, lse, delta, slopes, scale, causal, shift):
+    """(dq5, dk, dv) float32 of one chunk pair, from the final ``lse`` of its queries."""
+    c = q5.shape[1]
+    dq, dk, dv = blockwise.backward(q5, k, v, do5, lse - _bias_shift(slopes, shift), delta,
+                                    slopes, None, scale, causal, _block_size(c),
+                                    _block_size(c))
+    return dq * scale, dk * scale, dv
 
 
 def _merge(acc, part):
@@ -80,44 +74,47 @@ def _shift(tree, n: int):
                         tree)
 
 
-def _positions(r, n: int, c: int):
-    """Global positions of the two chunks device ``r`` holds."""
-    return r * c + jnp.arange(c), (2 * n - 1 - r) * c + jnp.arange(c)
+def _starts(r, n: int, c: int):
+    """First global positions of the two chunks device ``r`` holds."""
+    return r * c, (2 * n - 1 - r) * c
 
 
-def _pad_rows(x, c: int, first: bool):
-    """``x`` (c query rows on axis 1, or on axis 3 for an lse) placed in 2c rows: the
-    other half zeros (out) or -inf (lse)."""
-    axis = 3 if x.ndim == 4 else 1
-    fill = jnp.full_like(x, -jnp.inf if axis == 3 else 0.0)
-    return jnp.concatenate([x, fill] if first else [fill, x], axis=axis)
+def _halves(x, c: int, axis: int):
+    return lax.slice_in_dim(x, 0, c, axis=axis), lax.slice_in_dim(x, c, 2 * c, axis=axis)
+
+
+def _cat(a, b):
+    """Two row halves of (out, lse) joined: out on axis 1, lse on axis 3."""
+    return jnp.concatenate([a[0], b[0]], 1), jnp.concatenate([a[1], b[1]], 3)
 
 
 def _forward(q5, k, v, slopes, scale):
-    n = lax.axis_size(AXIS)
-    r = lax.axis_index(AXIS)
-    c = q5.shape[1] // 2
-    qa, qb = q5[:, :c], q5[:, c:]
-    pa, pb = _positions(r, n, c)
-    block = functools.partial(_block, scale=scale, slopes=slopes)
-    out_b = _merge(block(qb, k[:, :c], v[:, :c], pb, pa, diagonal=False),
-                   block(qb, k[:, c:], v[:, c:], pb, pb, diagonal=True))
-    out_a = block(qa, k[:, :c], v[:, :c], pa, pa, diagonal=True)
-    acc = (jnp.concatenate([out_a[0], out_b[0]], 1), jnp.concatenate([out_a[1], out_b[1]], 3))
-    q_pos = jnp.concatenate([pa, pb])
-    for t in range(1, n):
+    n, r, c = lax.axis_size(AXIS), lax.axis_index(AXIS), q5.shape[1] // 2
+    (qa, qb), (ka, kb), (va, vb) = (_halves(x, c, 1) for x in (q5, k, v))
+    qa0, qb0 = _starts(r, n, c)
+    block = functools.partial(_block, slopes=slopes, scale=scale)
+    acc = _cat(block(qa, ka, va, causal=True, shift=jnp.int32(0)),
+               _merge(block(qb, ka, va, causal=False, shift=qa0 - qb0),
+                      block(qb, kb, vb, causal=True, shift=jnp.int32(0))))
+
+    def step(t, carry):
+        k, v, acc = carry
         k, v = _shift((k, v), n)
         src = (r - t) % n
-        ka_pos, kb_pos = _positions(src, n, c)
+        ka0, kb0 = _starts(src, n, c)
 
         def earlier(k, v):  # every query sees the first key chunk, none the second
-            return block(q5, k[:, :c], v[:, :c], q_pos, ka_pos, diagonal=False)
+            (ka, _), (va, _) = _halves(k, c, 1), _halves(v, c, 1)
+            return _cat(block(qa, ka, va, causal=False, shift=ka0 - qa0),
+                        block(qb, ka, va, causal=False, shift=ka0 - qb0))
 
         def later(k, v):  # only the second query chunk sees keys, both chunks
-            o, lse = block(qb, k, v, pb, jnp.concatenate([ka_pos, kb_pos]), diagonal=False)
-            return _pad_rows(o, c, first=False), _pad_rows(lse, c, first=False)
-        acc = _merge(acc, lax.cond(src < r, earlier, later, k, v))
-    return acc
+            (ka, kb), (va, vb) = _halves(k, c, 1), _halves(v, c, 1)
+            out_b = _merge(block(qb, ka, va, causal=False, shift=ka0 - qb0),
+                           block(qb, kb, vb, causal=False, shift=kb0 - qb0))
+            return _cat((jnp.zeros_like(out_b[0]), jnp.full_like(out_b[1], -jnp.inf)), out_b)
+        return k, v, _merge(acc, lax.cond(src < r, earlier, later, k, v))
+    return lax.fori_loop(1, n, step, (k, v, acc))[2]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -146,47 +143,49 @@ def _ring_fwd(q, k, v, slopes, scale):
 
 def _ring_bwd(scale, residuals, do):
     q, k, v, slopes, out, lse = residuals
-    n, r, kvh = lax.axis_size(AXIS), lax.axis_index(AXIS), k.shape[2]
-    c = q.shape[1] // 2
+    n, r, kvh, c = lax.axis_size(AXIS), lax.axis_index(AXIS), k.shape[2], q.shape[1] // 2
     q5, do5, slopes = _split(q, kvh), _split(do, kvh), _grouped(slopes, kvh)
-    acc = _f32(q)
-    delta = jnp.einsum("bqhgd,bqhgd->bhgq", out.astype(acc).reshape(q5.shape), do5.astype(acc))
-    pa, pb = _positions(r, n, c)
-    q_pos = jnp.concatenate([pa, pb])
-    grads = functools.partial(_block_grads, scale=scale, slopes=slopes)
+    delta = jnp.einsum("bqhgd,bqhgd->bhgq", out.astype(jnp.float32).reshape(q5.shape),
+                       do5.astype(jnp.float32))
+    rows_a, rows_b = zip(*(_halves(x, c, 1) for x in (q5, do5)),
+                         *(_halves(x, c, 3) for x in (lse, delta)))
+    qa0, qb0 = _starts(r, n, c)
 
-    def rows(x, lo, hi):  # query rows of q5/do5 (axis 1) or lse/delta (axis 3)
-        return x[:, lo:hi] if x.ndim == 5 else x[..., lo:hi]
+    def grads(rows, k, v, causal, shift):
+        q_, do_, lse_, delta_ = rows
+        return _block_grads(q_, k, v, do_, lse_, delta_, slopes, scale, causal, shift)
+    (ka, kb), (va, vb) = _halves(k, c, 1), _halves(v, c, 1)
+    aa, zero = grads(rows_a, ka, va, True, jnp.int32(0)), jnp.int32(0)
+    ba, bb = grads(rows_b, ka, va, False, qa0 - qb0), grads(rows_b, kb, vb, True, zero)
+    dqa, dqb = aa[0], ba[0] + bb[0]
+    dk = jnp.concatenate([aa[1] + ba[1], bb[1]], 1)
+    dv = jnp.concatenate([aa[2] + ba[2], bb[2]], 1)
 
-    def part(lo, hi, k, v, k_pos, diagonal):
-        return grads(rows(q5, lo, hi), k, v, rows(do5, lo, hi), rows(lse, lo, hi),
-                     rows(delta, lo, hi), q_pos[lo:hi], k_pos, diagonal=diagonal)
-
-    zeros = lambda x: match_vma(jnp.zeros(x.shape, acc), q, k, v, do)  # noqa: E731
-    dq, dk, dv = zeros(q5), zeros(k), zeros(v)
-    # t = 0: (a, a) and (b, b) diagonal, (b, a) full
-    for lo, hi, klo, khi, diagonal in ((0, c, 0, c, True), (c, 2 * c, 0, c, False),
-                                       (c, 2 * c, c, 2 * c, True)):
-        g = part(lo, hi, k[:, klo:khi], v[:, klo:khi], q_pos[klo:khi], diagonal)
-        dq, dk, dv = (dq.at[:, lo:hi].add(g[0]), dk.at[:, klo:khi].add(g[1]),
-                      dv.at[:, klo:khi].add(g[2]))
-    for t in range(1, n):
-        k, v, dk, dv = _shift((k, v, dk, dv), n)
+    def step(t, carry):
+        k, v, dk, dv, dqa, dqb = carry
+        k, v, dk, dv = _shift((k, v, dk, dv), n)  # dk, dv travel with their blocks
         src = (r - t) % n
-        ka_pos, kb_pos = _positions(src, n, c)
+        ka0, kb0 = _starts(src, n, c)
 
         def earlier(k, v):
-            g = part(0, 2 * c, k[:, :c], v[:, :c], ka_pos, False)
+            (ka, _), (va, _) = _halves(k, c, 1), _halves(v, c, 1)
+            ga = grads(rows_a, ka, va, False, ka0 - qa0)
+            gb = grads(rows_b, ka, va, False, ka0 - qb0)
             pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], 1)  # noqa: E731
-            return g[0], pad(g[1]), pad(g[2])
+            return ga[0], gb[0], pad(ga[1] + gb[1]), pad(ga[2] + gb[2])
 
         def later(k, v):
-            g = part(c, 2 * c, k, v, jnp.concatenate([ka_pos, kb_pos]), False)
-            return jnp.concatenate([jnp.zeros_like(g[0]), g[0]], 1), g[1], g[2]
-        g = lax.cond(src < r, earlier, later, k, v)
-        dq, dk, dv = dq + g[0], dk + g[1], dv + g[2]
+            (ka, kb), (va, vb) = _halves(k, c, 1), _halves(v, c, 1)
+            g1 = grads(rows_b, ka, va, False, ka0 - qb0)
+            g2 = grads(rows_b, kb, vb, False, kb0 - qb0)
+            return (jnp.zeros_like(g1[0]), g1[0] + g2[0], jnp.concatenate([g1[1], g2[1]], 1),
+                    jnp.concatenate([g1[2], g2[2]], 1))
+        da, db, dk_t, dv_t = lax.cond(src < r, earlier, later, k, v)
+        return k, v, dk + dk_t, dv + dv_t, dqa + da, dqb + db
+    _, _, dk, dv, dqa, dqb = lax.fori_loop(1, n, step, (k, v, dk, dv, dqa, dqb))
     dk, dv = _shift((dk, dv), n)  # home: the last holder is the owner's predecessor
-    return dq.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    dq = jnp.concatenate([dqa, dqb], 1).reshape(q.shape)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 ring_attention.defvjp(_ring_fwd, _ring_bwd)

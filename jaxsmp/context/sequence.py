@@ -28,13 +28,21 @@ def over_context(scan: Callable, mesh: jax.sharding.Mesh, cp: int,
     (arrays whose ``[batch, seq]`` match ``h``'s, e.g. rotary tables) put in the balanced
     order and split over ``axes`` (``cp``, or ``cp`` and ``tp`` with sequence parallelism)
     for every layer; the output comes back in the model's order."""
+    # with tp the model's own ops (embedding, head, loss) are left to GSPMD: XLA's SPMD
+    # partitioner aborts on their gathers of arrays split over cp and tp (jax 0.10.2)
+    split_outside = mesh.shape["tp"] == 1
+
     def run(apply, h, params, args):
         def place(x):
-            return split_sequence(balance(x, cp), mesh, axes) if _per_token(x, h) else x
+            if not _per_token(x, h):
+                return x
+            if split_outside:  # the embedding and rotary tables computed split too
+                x = split_sequence(x, mesh, axes)
+            return split_sequence(balance(x, cp), mesh, axes)
 
         def layer(w, x, layer_args):
             return split_sequence(apply(w, split_sequence(x, mesh, axes), layer_args),
                                   mesh, axes)
-        out = scan(layer, place(h), params, jax.tree.map(place, args))
-        return unbalance(out, cp)
+        out = unbalance(scan(layer, place(h), params, jax.tree.map(place, args)), cp)
+        return split_sequence(out, mesh, axes) if split_outside else out
     return run

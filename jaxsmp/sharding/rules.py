@@ -48,17 +48,27 @@ def _check_divides(name: str, logical: str, size: int, axes: tuple[str, ...],
 
 def _add_sdp(name: str, dims: list[tuple[str, ...]], shape: Sequence[int],
              mesh_shape: Mapping[str, int], skip: int) -> None:
-    sdp = mesh_shape.get("sdp", 1)
-    if sdp == 1 or any("sdp" in d for d in dims):
+    """ZeRO-3 over ``sdp`` and ``cp`` together (context parallelism costs no parameter
+    memory): both split the first dimension they divide, ``sdp`` major."""
+    zero = tuple(a for a in ("sdp", "cp") if mesh_shape.get(a, 1) > 1
+                 and not any(a in d for d in dims))
+    if not zero:
         return
+    degree = math.prod(mesh_shape[a] for a in zero)
+    for i, d in enumerate(dims):  # cp right after an sdp the rules placed: one contiguous gather
+        if zero == ("cp",) and "sdp" in d and shape[i] % (degree * math.prod(
+                mesh_shape[a] for a in d)) == 0:
+            k = d.index("sdp") + 1
+            dims[i] = d[:k] + zero + d[k:]
+            return
     for i in range(skip, len(shape)):
-        if shape[i] % (sdp * math.prod(mesh_shape[a] for a in dims[i])) == 0:
-            dims[i] = ("sdp",) + dims[i]  # sdp major: its gather is contiguous
+        if shape[i] % (degree * math.prod(mesh_shape[a] for a in dims[i])) == 0:
+            dims[i] = zero + dims[i]  # sdp major: its gather is contiguous
             return
     raise ValueError(
         f"parameter {name!r} of shape {tuple(shape)} has no dimension divisible by "
-        f"sdp={sdp}, so ZeRO-3 cannot shard it; choose an sdp degree dividing one of "
-        f"its dimensions")
+        f"{' x '.join(f'{a}={mesh_shape[a]}' for a in zero)}, so ZeRO-3 cannot shard it; "
+        f"choose degrees whose product divides one of its dimensions")
 
 
 def resolve_spec(name: str, logical_axes: Sequence[str | None], shape: Sequence[int],

@@ -34,6 +34,11 @@ def test_clipping_can_be_switched_off_on_the_command_line():
     (["--batch-size", "0"], "batch_size must be >= 1"),
     (["--profile-steps", "8:5", "--log-dir", "x"], "profile_steps must be START:STOP"),
     (["--profile-steps", "5:8"], "profile_steps needs log_dir"),
+    (["--cp", "0"], "cp must be >= 1, got 0"),
+    (["--context-parallel", "zigzag"], "unknown context_parallel 'zigzag'; valid: auto, ulysses"),
+    (["--context-parallel", "ring"], "context_parallel 'ring' splits sequences over cp, but cp"),
+    (["--cp", "4", "--seq-len", "100"], "seq_len 100 must be a multiple of 2.cp = 8"),
+    (["--cp", "2", "--pp", "2"], "context and pipeline parallelism together are not supported"),
 ])
 def test_bad_settings_are_rejected_naming_the_value(argv, message):
     with pytest.raises(ConfigError, match=message):

@@ -146,3 +146,19 @@ def test_offload_lowers_device_temporaries_by_what_it_moves_to_the_host(offload_
     saved, offload = offload_pair
     drop = saved["temporaries_mib"] - offload["temporaries_mib"]
     assert drop > 0.75 * offload["host_temporaries_mib"], (saved, offload)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh, strategy, kernel", [
+    ("cp=8", "auto", "cudnn"),        # 32 heads over cp=8: ulysses, cuDNN on whole sequences
+    ("cp=4,tp=2", "auto", "cudnn"),   # 16 heads per tp device over cp=4
+    ("cp=8", "ring", None)])          # ring: blocks in XLA, no attention kernel
+def test_32k_tokens_compile_for_h100_with_context_parallelism(mesh, strategy, kernel):
+    # Llama 2 7b layers (grouped to 8 kv heads), one sequence of 32,768 tokens on 8 GPUs
+    result = compile_case("llama", "auto", "bf16", mesh, "full", batch=1, seq=32768,
+                          context_parallel=strategy)
+    if kernel:
+        assert_kernels(result, kernel)
+    else:
+        assert result["kernels"] == {"cudnn": 0, "triton": 0}, result
+    assert 0 < result["temporaries_mib"] < 40 * 1024, result

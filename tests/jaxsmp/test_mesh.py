@@ -11,13 +11,13 @@ from jaxsmp.mesh import _device_grid
 
 def test_sdp_takes_what_is_left():
     mesh = jaxsmp.Mesh(tp=2)
-    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 4, "tp": 2}
+    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 4, "cp": 1, "tp": 2}
     assert mesh.data_size == 4
 
 
 def test_explicit_degrees():
     mesh = jaxsmp.Mesh(dp=2, sdp=2, tp=2)
-    assert mesh.jax_mesh.shape == {"dp": 2, "pp": 1, "sdp": 2, "tp": 2}
+    assert mesh.jax_mesh.shape == {"dp": 2, "pp": 1, "sdp": 2, "cp": 1, "tp": 2}
 
 
 def test_degrees_not_matching_devices_name_everything():
@@ -50,3 +50,11 @@ def test_mesh_uses_all_devices():
     mesh = jaxsmp.Mesh()
     assert sorted(d.id for d in mesh.jax_mesh.devices.flat) == sorted(d.id for d in jax.devices())
     assert np.prod(list(mesh.shape.values())) == 8
+
+
+def test_cp_sits_between_sdp_and_tp():
+    mesh = jaxsmp.Mesh(sdp=2, cp=2, tp=2)
+    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 2, "cp": 2, "tp": 2}
+    ids = np.vectorize(lambda d: d.id)(mesh.jax_mesh.devices)[0, 0]  # [sdp, cp, tp]
+    assert ids[0].tolist() == [[0, 1], [2, 3]] and ids[1].tolist() == [[4, 5], [6, 7]]
+    assert mesh.manual_axes == ("sdp",) and mesh.data_size == 2  # cp: automatic, not data

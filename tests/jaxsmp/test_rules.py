@@ -48,3 +48,12 @@ def test_unshardable_parameter_is_an_error():
 def test_unknown_logical_axis():
     with pytest.raises(ValueError, match=r"logical axis 'bogus' has no rule"):
         resolve_spec("w", ("bogus",), (8,), MESH)
+
+
+def test_zero3_shards_over_sdp_and_cp_together():
+    mesh = {"dp": 1, "pp": 1, "sdp": 2, "cp": 2, "tp": 2}
+    assert resolve_spec("w", ("embed", "mlp"), (128, 512), mesh) == P(("sdp", "cp"), "tp")
+    assert resolve_spec("n", ("norm",), (128,), mesh) == P(("sdp", "cp"))
+    assert resolve_spec("n", ("norm",), (128,), {**mesh, "sdp": 1}) == P("cp")
+    with pytest.raises(ValueError, match=r"no dimension divisible by sdp=2 x cp=2"):
+        resolve_spec("b", ("norm",), (6,), mesh)
