@@ -76,10 +76,7 @@ def _over_tp(fn: Callable, in_specs, out_specs: list[P | None]) -> Callable:
     if (mesh.empty or mesh.shape.get("tp", 1) == 1 or "tp" in mesh.manual_axes
             or any(s is None for s in out_specs)):
         return fn
-    # an automatic cp (context parallelism) goes manual too, its values replicated over it:
-    # XLA's partitioner aborts on a map manual over tp alone beside two automatic axes
-    cp = {"cp"} if mesh.shape.get("cp", 1) > 1 and "cp" not in mesh.manual_axes else set()
-    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names={"tp"} | cp)
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs, axis_names={"tp"})
 
 
 def _gather_list(shards: list[jax.Array], flat: bool, algorithm: str) -> list[jax.Array]:
