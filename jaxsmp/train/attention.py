@@ -30,7 +30,8 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
 from jaxsmp.context.ring import ring_attention
-from jaxsmp.context.ulysses import check_heads, fits, ulysses_attention
+from jaxsmp.context import RING_IMPLS, choose_strategy
+from jaxsmp.context.ulysses import check_heads, ulysses_attention
 from pallas_kernels.attention import choose_impl
 
 
@@ -110,17 +111,18 @@ def _per_device_kernel(q, alibi_slopes, segment_ids, kwargs) -> bool:
     return impl in ("pallas", "cudnn")
 
 
-def _context_kernel(strategy: str, q, k, tp: int, cp: int, kwargs) -> Callable:
+def _context_kernel(strategy: str, q, tp: int, cp: int, segments: bool, kwargs) -> Callable:
     """The per-device attention of a ``cp`` mesh: ``ulysses`` or ``ring`` (``auto``:
-    ulysses when ``cp`` divides the local heads), see :mod:`jaxsmp.context`."""
+    :func:`jaxsmp.context.choose_strategy`)."""
+    impl = kwargs.get("impl", "auto")
     if strategy == "auto":
-        strategy = "ulysses" if fits(q.shape[2], cp, tp) else "ring"
+        ring_ok = bool(kwargs.get("causal")) and not segments and impl in RING_IMPLS
+        strategy = choose_strategy(q.shape[2], cp, tp, kwargs["platform"], ring_ok)
     if strategy == "ulysses":
         check_heads(q.shape[2], cp, tp)
         return lambda q, k, v, extra: ulysses_attention(pallas_kernels.attention, q, k, v,
                                                         **extra, **kwargs)
-    impl = kwargs.get("impl", "auto")
-    if impl not in ("auto", "blockwise", "reference") or not kwargs.get("causal"):
+    if impl not in RING_IMPLS or not kwargs.get("causal"):
         raise ValueError(f"context_parallel='ring' runs causal attention with its blocks in "
                          f"XLA; got impl={impl!r}, causal={kwargs.get('causal')!r}. Use "
                          f"attention_impl 'auto' (or 'blockwise'), or context_parallel='ulysses'")
@@ -170,8 +172,8 @@ def local_attention(mesh: jax.sharding.Mesh,
         def kernel(q, k, v, extra):
             return pallas_kernels.attention(q, k, v, **extra, **kwargs)
         if cp > 1:
-            kernel = _context_kernel(context_parallel, q, k, tp if split == "heads" else 1, cp,
-                                     kwargs)
+            kernel = _context_kernel(context_parallel, q, tp if split == "heads" else 1, cp,
+                                     segment_ids is not None, kwargs)
             specs["segment_ids"] = P(on("batch"), "cp")
         run = _per_device(kernel, context if not context.empty else mesh, free,
                           P(on("batch"), "cp" if cp > 1 else None, on("heads"), None),
