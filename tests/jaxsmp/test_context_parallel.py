@@ -222,3 +222,21 @@ def test_the_trainer_runs_a_long_sequence_over_cp_and_its_loss_falls():
     history = run(TrainConfig(seq_len=2048, cp=8, batch_size=1, steps=8, remat="full",
                               lr=1e-2, warmup=1, eval_every=0, progress=False))
     assert history.losses[-1] < history.losses[0] - 0.5, history.losses
+
+
+def test_cp_combines_with_microbatches_and_remat(tokens):
+    config, want = _reference("llama", tokens)
+    got = gradients(config, jaxsmp.Mesh(cp=4, sdp=2), tokens, microbatches=2, remat="full",
+                    context_parallel="ring")
+    assert_gradients_match(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cp_trains_in_half_precision_like_one_device(tokens, precision):
+    config, _ = _reference("gpt_neox", tokens)
+    want = gradients(config, single_device_mesh(), tokens, precision=precision)
+    got = gradients(config, jaxsmp.Mesh(cp=4, sdp=2), tokens, precision=precision,
+                    context_parallel="ulysses")
+    assert got[1]["loss"] == pytest.approx(want[1]["loss"], rel=1e-2)
+    assert got[1]["grad_norm"] == pytest.approx(want[1]["grad_norm"], rel=5e-2)
