@@ -26,6 +26,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsmp.nn.param import is_var, logical_axes
 
@@ -51,13 +52,28 @@ def is_lookup_table(var: nnx.Variable, sdp_dim: Callable[[nnx.Variable], int | N
             and logical_axes(var) == ("vocab", "embed") and sdp_dim(var) == 1)
 
 
+def _whole_over_cp(var: nnx.Variable) -> jax.Array:
+    """The local shard gathered over an automatic ``cp`` (context parallelism shards it
+    with sdp): XLA's SPMD partitioner aborts on a lookup from a table split over cp and
+    tp (jax 0.11.2, 0.12.0.1)."""
+    mesh, value = jax.sharding.get_abstract_mesh(), var[...]
+    if mesh.empty or mesh.shape.get("cp", 1) == 1 or "cp" in mesh.manual_axes:
+        return value
+    def keep(dim):
+        names = (dim,) if isinstance(dim, str) else tuple(dim or ())
+        kept = tuple(a for a in names if a != "cp" and a not in mesh.manual_axes)
+        return kept[0] if len(kept) == 1 else (kept or None)
+    spec = P(*[keep(d) for d in var.get_metadata()["mesh_axes"]])
+    return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))
+
+
 def lookup_hook(local: nnx.State, gathered: nnx.State, tables: set[int], dtype
                 ) -> Callable[[nnx.Variable, jax.Array], jax.Array | None]:
     """``hook(table_variable, tokens)``: rows from the local shard for the tables
     (``id`` in ``tables`` of a ``local`` variable; ``gathered`` has the same structure),
     ``None`` for any other table."""
-    shards = {id(g): l[...] for l, g in zip(jax.tree.leaves(local, is_leaf=is_var),
-                                            jax.tree.leaves(gathered, is_leaf=is_var))
+    shards = {id(g): _whole_over_cp(l) for l, g in zip(jax.tree.leaves(local, is_leaf=is_var),
+                                                        jax.tree.leaves(gathered, is_leaf=is_var))
               if id(l) in tables}
 
     def hook(table: nnx.Variable, tokens: jax.Array) -> jax.Array | None:

@@ -240,3 +240,11 @@ def test_cp_trains_in_half_precision_like_one_device(tokens, precision):
                     context_parallel="ulysses")
     assert got[1]["loss"] == pytest.approx(want[1]["loss"], rel=1e-2)
     assert got[1]["grad_norm"] == pytest.approx(want[1]["grad_norm"], rel=5e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ulysses", "ring"])
+def test_cp_combines_with_replicated_data_parallelism(tokens, strategy):
+    config, want = _reference("gpt_neox", tokens)
+    got = gradients(config, jaxsmp.Mesh(dp=2, cp=2, sdp=2), tokens, context_parallel=strategy)
+    assert_gradients_match(got, want)
