@@ -30,7 +30,7 @@ AXIS = "cp"
 TILE = 256  # FlashAttention tile edge within a chunk pair (XLA loops; at most)
 
 
-def _block_size(c: int) -> int:
+def tile_size(c: int) -> int:
     """The largest tile of at most :data:`TILE` dividing the chunk length ``c``."""
     return max(b for b in range(1, min(c, TILE) + 1) if c % b == 0)
 
@@ -45,8 +45,8 @@ def _block(q5, k, v, slopes, scale, causal, shift):
     """(out float32 [b, c, kvh, g, d], lse [b, kvh, g, c]) of one c x c chunk pair,
     FlashAttention's tiles (:func:`pallas_kernels.blockwise.forward`): memory linear in c."""
     c = q5.shape[1]
-    out, lse = blockwise.forward(q5, k, v, slopes, None, scale, causal, _block_size(c),
-                                 _block_size(c))
+    out, lse = blockwise.forward(q5, k, v, slopes, None, scale, causal, tile_size(c),
+                                 tile_size(c))
     return jnp.moveaxis(out, 3, 1), lse + _bias_shift(slopes, shift)
 
 
@@ -54,8 +54,8 @@ def _block_grads(q5, k, v, do5, lse, delta, slopes, scale, causal, shift):
     """(dq5, dk, dv) float32 of one chunk pair, from the final ``lse`` of its queries."""
     c = q5.shape[1]
     dq, dk, dv = blockwise.backward(q5, k, v, do5, lse - _bias_shift(slopes, shift), delta,
-                                    slopes, None, scale, causal, _block_size(c),
-                                    _block_size(c))
+                                    slopes, None, scale, causal, tile_size(c),
+                                    tile_size(c))
     return dq * scale, dk * scale, dv
 
 

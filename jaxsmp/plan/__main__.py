@@ -56,8 +56,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    # simulated CPU devices must be set before JAX starts a backend (pre-flight only)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # simulated CPU devices must be set before JAX starts a backend (pre-flight only);
+    # jax read JAX_PLATFORMS when jaxsmp imported it, so the setting goes to its config
+    # too (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)
+    if "JAX_PLATFORMS" not in os.environ:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax
+        jax.config.update("jax_platforms", "cpu")
     from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, cluster, load_model, plan
     from jaxsmp.plan.report import records, table, why
     try:

@@ -42,7 +42,8 @@ COMPILED = Semantics(keep_gathered=False, prefetch=False, megatron_tp=True)
 class Candidate:
     """Mesh degrees, batch split and step options. ``microbatch_size``: sequences per
     data-parallel rank per microbatch; ``microbatches``: gradient-accumulation steps
-    (pp = 1) or the pipeline's microbatches (pp > 1)."""
+    (pp = 1) or the pipeline's microbatches (pp > 1); ``cp``: devices each sequence is
+    split over (context parallelism; the batch is not split over it)."""
     dp: int
     sdp: int
     tp: int
@@ -54,9 +55,10 @@ class Candidate:
     schedule: str = "simple"
     virtual_chunks: int = 1
     sequence_parallel: bool = False
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "sdp", "tp", "pp", "microbatch_size", "microbatches",
+        for name in ("dp", "sdp", "tp", "pp", "cp", "microbatch_size", "microbatches",
                      "virtual_chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -67,11 +69,14 @@ class Candidate:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; valid: {SCHEDULES}")
         if self.virtual_chunks > 1 and self.schedule != "virtual":
             raise ValueError(f"virtual_chunks={self.virtual_chunks} needs schedule='virtual'")
+        if self.cp > 1 and self.pp > 1:   # as jaxsmp.step refuses it
+            raise ValueError(f"context parallelism (cp={self.cp}) with pipeline parallelism "
+                             f"(pp={self.pp}) is not supported yet; use pp=1 or cp=1")
         precision_policy(self.precision)
 
     @property
     def world(self) -> int:
-        return self.dp * self.sdp * self.tp * self.pp
+        return self.dp * self.sdp * self.cp * self.tp * self.pp
 
     @property
     def data(self) -> int:
@@ -98,7 +103,7 @@ class Candidate:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        return {"dp": self.dp, "pp": self.pp, "sdp": self.sdp, "tp": self.tp}
+        return {"dp": self.dp, "pp": self.pp, "sdp": self.sdp, "cp": self.cp, "tp": self.tp}
 
     def step_options(self) -> dict:
         """Keyword arguments of ``jaxsmp.step`` that run this candidate."""
@@ -114,6 +119,7 @@ class Candidate:
 
     def label(self) -> str:
         parts = [f"dp={self.dp}", f"sdp={self.sdp}", f"tp={self.tp}", f"pp={self.pp}",
+                 *([f"cp={self.cp}"] if self.cp > 1 else []),
                  f"mbs={self.microbatch_size}x{self.microbatches}", f"remat={self.remat}"]
         if self.pp > 1:
             parts.append(self.schedule + (f"/{self.virtual_chunks}" if self.virtual_chunks > 1

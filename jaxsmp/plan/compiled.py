@@ -89,12 +89,15 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
     devices = list(jax.devices("cpu") if devices is None else devices)
+    if seq_len > getattr(config, "max_position_embeddings", seq_len):
+        # rotary positions have no table: plan beyond the preset, as the trainer trains
+        config = config.replace(max_position_embeddings=seq_len)
     if len(devices) < candidate.world:
         raise ValueError(f"{candidate.label()} needs {candidate.world} devices; this process "
                          f"has {len(devices)} (use jaxsmp.plan.preflight, which starts one)")
     c = candidate
-    mesh = jaxsmp.Mesh(dp=c.dp, sdp=c.sdp, tp=c.tp, pp=c.pp, devices=devices[:c.world],
-                       collectives="xla")
+    mesh = jaxsmp.Mesh(dp=c.dp, sdp=c.sdp, tp=c.tp, pp=c.pp, cp=c.cp,
+                       devices=devices[:c.world], collectives="xla")
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)  # as jaxsmp.init, abstract
     batch = {"tokens": jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32)}
     step = jaxsmp.step(causal_lm_loss, **c.step_options())
@@ -135,7 +138,7 @@ def scale(config: Any, candidate: Candidate, max_devices: int = MAX_DEVICES):
         c = dataclasses.replace(c, pp=pp, schedule=c.schedule if pp > 1 else "simple",
                                 virtual_chunks=c.virtual_chunks if pp > 1 else 1)
     if c.world > max_devices and c.sdp > 1:
-        sdp = _largest_divisor(c.sdp, max(1, max_devices // (c.tp * c.pp)))
+        sdp = _largest_divisor(c.sdp, max(1, max_devices // (c.cp * c.tp * c.pp)))
         scaled = max(c.pp, layers * sdp // c.sdp // c.pp * c.pp)
         notes.append(f"sdp {c.sdp} -> {sdp}, layers {layers} -> {scaled} (stacked bytes per "
                      f"device kept; each layer's shard and the top-level shards grow)")

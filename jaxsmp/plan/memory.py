@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
 
+from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
@@ -95,9 +96,9 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     compute = jnp.dtype(precision_policy(c.precision).compute_dtype)
     cbytes = 4 if backend == "cpu" else compute.itemsize
     tp = c.tp if semantics.megatron_tp else 1     # how far tp splits a layer's work
-    tokens = c.microbatch_size * w.seq_len               # one microbatch, one rank
+    tokens = c.microbatch_size * w.seq_len // c.cp       # one microbatch, one device
     layers = math.ceil(w.layers / c.pp)
-    gathers = c.sdp > 1 or cbytes < 4                    # else the shards are used as they are
+    gathers = c.sdp * c.cp > 1 or cbytes < 4             # else the shards are used as they are
     layer = shards.layer_gathered * c.tp // tp if gathers else 0
     top = shards.top_gathered * c.tp // tp if gathers else 0
     kept = _kept_layers(c, semantics, layers)
@@ -106,11 +107,14 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     state = dict(params=4 * shards.local, optimizer=OPTIMIZER_BYTES_PER_PARAM * shards.local,
                  batch=4 * c.local_batch * w.seq_len,
                  framework=FRAMEWORK_BYTES if backend == "gpu" else 0.0)
-    head_tokens = tokens * (c.microbatches if c.pp > 1 and c.schedule != "interleaved" else 1)
+    embedding = _whole_sequence_embedding(w, c, cbytes)
+    # with tp > 1 the head and loss run on the whole sequence (jaxsmp.context.sequence)
+    head_tokens = (tokens * (c.cp if c.tp > 1 else 1)
+                   * (c.microbatches if c.pp > 1 and c.schedule != "interleaved" else 1))
     head = MemoryBreakdown(
         **state, grads=accumulator + 4 * top,
         gathered=cbytes * top + (cbytes * kept * layer if kept > 2 else 0),
-        activations=saved, working=0.0,
+        activations=saved, working=embedding,
         logits=head_tokens * w.vocab / tp * LOGIT_BYTES, phase="head")
     full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
     working = tokens * (full if c.remat != "none" else NONE_WORKING * full)
@@ -119,7 +123,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
         grads=(accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers)
                + (4 * layer if semantics.prefetch else 0)),  # a layer's delayed scatter
         gathered=cbytes * kept * layer + max(0, 4 - cbytes) * layer,
-        activations=saved, working=working + _attention_tiles(w, c, tp, backend),
+        activations=saved, working=(working + embedding + _attention_tiles(w, c, tp, backend)
+                                    + _ring_buffers(w, c, tokens, tp, cbytes, backend)),
         logits=0.0, phase="backward")
     return max(head, backward, key=lambda m: m.peak)
 
@@ -156,13 +161,39 @@ def _saved_activations(w: Workload, c: Candidate, tokens: int, layers: int, tp: 
     return tokens * saved * layers / c.virtual_chunks * inflight
 
 
+def _whole_sequence_embedding(w: Workload, c: Candidate, cbytes: int) -> float:
+    """With cp the embedding runs before the sequence split: its rows and their
+    cotangent cover whole sequences, and a looked-up table's sdp shard is gathered over
+    cp (sizes of the compiled step on XLA:CPU, test_plan_context_parallel.py)."""
+    if c.cp == 1:
+        return 0.0
+    table = 0 if w.tied else cbytes * w.vocab * w.hidden / (c.sdp * c.tp)
+    return table + 2 * cbytes * c.microbatch_size * w.seq_len * w.hidden
+
+
+def _ring_buffers(w: Workload, c: Candidate, tokens: int, tp: int, cbytes: int,
+                  backend: str) -> float:
+    """Ring attention's backward: the visiting k, v and their float32 dk, dv accumulators,
+    each twice (sent and received)."""
+    if c.cp == 1 or w.context_strategy(c.cp, tp, backend) != "ring":
+        return 0.0
+    kv = tokens * w.kv_heads / tp * (w.hidden // w.heads)
+    return 2 * kv * (2 * cbytes + 2 * 4)
+
+
 def _attention_tiles(w: Workload, c: Candidate, tp: int, backend: str) -> float:
     """Blockwise attention's float32 score tiles of one query block (two alive: scores
-    and probabilities, or their gradients); FlashAttention keeps them on chip (GPU)."""
+    and probabilities, or their gradients); FlashAttention keeps them on chip (GPU).
+    Under cp, ulysses runs whole sequences of ``heads/cp`` heads; ring runs tiles of at
+    most ``ring.TILE`` dividing its chunks of ``seq/(2 cp)`` tokens, on every head."""
     if backend != "cpu":
         return 0.0
-    block = min(_CPU_BLOCK, w.seq_len)
-    return 2 * 4 * c.microbatch_size * (w.heads / tp) * block * block
+    heads, block = w.heads / tp, min(_CPU_BLOCK, w.seq_len)
+    if c.cp > 1 and w.context_strategy(c.cp, tp, backend) == "ulysses":
+        heads /= c.cp
+    elif c.cp > 1:
+        block = ring_tile(w.seq_len // (2 * c.cp))
+    return 2 * 4 * c.microbatch_size * heads * block * block
 
 
 def capacity(memory_bytes: float) -> float:

@@ -31,7 +31,8 @@ def _shares(p: Plan) -> str:
     t = p.time
     parts = {"compute": t.compute, "exposed sdp collectives": t.sdp, "tp all-reduces": t.tp,
              "pipeline sends": t.pp, "pipeline bubble": t.bubble, "dp all-reduce": t.dp,
-             "optimizer": t.optimizer, "offload transfers": t.offload}
+             "optimizer": t.optimizer, "offload transfers": t.offload,
+             "cp attention transfers": t.cp}
     shown = [f"{name} {value / t.total:.0%}" for name, value in parts.items()
              if value / t.total >= 0.005]
     return ", ".join(shown)
@@ -60,6 +61,7 @@ def why(plans: Sequence[Plan]) -> str:
         ("best with another pp", lambda p: p.candidate.pp != b.pp),
         ("best with another remat", lambda p: p.candidate.remat != b.remat),
         ("best with another sdp", lambda p: p.candidate.sdp != b.sdp),
+        ("best with another cp", lambda p: p.candidate.cp != b.cp),
     ]
     named: dict[int, tuple[Plan, list[str]]] = {}
     for name, keep in rivals:

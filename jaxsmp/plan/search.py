@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from jaxsmp.context import RING_IMPLS
 from jaxsmp.models.registry import preset
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
@@ -18,6 +19,10 @@ from jaxsmp.plan.workload import Workload
 
 GiB = 1 << 30
 VIRTUAL_CHUNKS = (2,)   # chunks per stage the search tries for the virtual schedule
+CONTEXT_DEGREES = (1, 2, 4, 8)   # cp degrees the search tries (cp x tp inside a node)
+# Sequences from this length on are also tried with cp > 1; shorter ones only when no
+# cp = 1 configuration fits.
+LONG_SEQUENCE = 8192
 
 
 @dataclass(frozen=True)
@@ -67,38 +72,58 @@ def load_model(model: Any):
 
 def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str = "bf16",
                remats: Sequence[str] = POLICIES, schedules: Sequence[str] = SCHEDULES,
-               sequence_parallel: bool = False) -> Iterator[Candidate]:
-    """Every (dp, sdp, tp, pp, microbatch, remat, schedule) dividing the cluster, the
-    global batch and the model (whole heads per tp rank); tp stays inside a node."""
-    world = cluster.world
-    for tp in divisors(cluster.node.gpus):
-        for pp in (p for p in divisors(world // tp) if w.layers % p == 0):
-            for sdp in divisors(world // (tp * pp)):
-                dp = world // (tp * pp * sdp)
-                if global_batch % (dp * sdp) or not _divides(w, dp, sdp, tp, pp):
+               sequence_parallel: bool = False,
+               context: Sequence[int] | None = None) -> Iterator[Candidate]:
+    """Every (dp, sdp, tp, pp, cp, microbatch, remat, schedule) dividing the cluster, the
+    global batch and the model (whole heads per tp rank); tp x cp stays inside a node.
+    ``context``: the cp degrees to try (default :data:`CONTEXT_DEGREES` for sequences of
+    at least :data:`LONG_SEQUENCE` tokens, else cp = 1 only)."""
+    if context is None:
+        context = CONTEXT_DEGREES if w.seq_len >= LONG_SEQUENCE else (1,)
+    for dp, sdp, tp, pp, cp in _meshes(w, cluster, global_batch, context):
+        local = global_batch // (dp * sdp)
+        for mbs in divisors(local):
+            for remat in remats:
+                for schedule, chunks in _schedules(w, pp, local // mbs, schedules):
+                    yield Candidate(dp, sdp, tp, pp, mbs, local // mbs, remat, precision,
+                                    schedule, chunks, sequence_parallel, cp)
+
+
+def _meshes(w: Workload, cluster: Cluster, global_batch: int, context: Sequence[int]):
+    """(dp, sdp, tp, pp, cp) dividing the cluster, the batch (over dp x sdp) and the
+    model; cp only with pp = 1, on sequences of a multiple of 2 cp tokens."""
+    world, per_node = cluster.world, cluster.node.gpus
+    for tp in divisors(per_node):
+        for cp in context:
+            if tp * cp > per_node or world % (tp * cp) or w.seq_len % (2 * cp):
+                continue
+            for pp in (p for p in divisors(world // (tp * cp)) if w.layers % p == 0):
+                if cp > 1 and pp > 1:
                     continue
-                local = global_batch // (dp * sdp)
-                for mbs in divisors(local):
-                    for remat in remats:
-                        for schedule, chunks in _schedules(w, pp, local // mbs, schedules):
-                            yield Candidate(dp, sdp, tp, pp, mbs, local // mbs, remat,
-                                            precision, schedule, chunks, sequence_parallel)
+                for sdp in divisors(world // (tp * pp * cp)):
+                    dp = world // (tp * pp * cp * sdp)
+                    if global_batch % (dp * sdp) == 0 and _divides(w, dp, sdp, tp, pp, cp):
+                        yield dp, sdp, tp, pp, cp
 
 
-def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int) -> bool:
-    """Megatron splits whole heads over tp, and every parameter must divide."""
+def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int = 1) -> bool:
+    """Megatron splits whole heads over tp, every parameter must divide, and ring
+    attention (cp the heads do not allow ulysses for) runs its blocks in XLA."""
     if w.heads % tp or w.kv_heads % tp:
         return False
+    if cp > 1 and w.context_strategy(cp, tp) == "ring" and getattr(
+            w.config, "attention_impl", "auto") not in RING_IMPLS:
+        return False
     try:
-        _shards(w, dp, sdp, tp, pp)
+        _shards(w, dp, sdp, tp, pp, cp)
     except ValueError:
         return False
     return True
 
 
 @functools.lru_cache(maxsize=4096)
-def _shards(w: Workload, dp: int, sdp: int, tp: int, pp: int):
-    return w.shards({"dp": dp, "pp": pp, "sdp": sdp, "tp": tp})
+def _shards(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int):
+    return w.shards({"dp": dp, "pp": pp, "sdp": sdp, "cp": cp, "tp": tp})
 
 
 def _schedules(w: Workload, pp: int, microbatches: int, schedules: Sequence[str]):
@@ -131,10 +156,15 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
     if not isinstance(global_batch, int) or global_batch < 1:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
     w = _workload(load_model(model_config), seq_len)
-    plans = [evaluate(w, c, cluster, semantics)
-             for c in candidates(w, cluster, global_batch, precision, remats, schedules)]
+    def every(context: Sequence[int] | None) -> list[Plan]:
+        return [evaluate(w, c, cluster, semantics) for c in
+                candidates(w, cluster, global_batch, precision, remats, schedules,
+                           context=context)]
+    plans = every(None)
+    if w.seq_len < LONG_SEQUENCE and not any(p.fits for p in plans):
+        plans += every(CONTEXT_DEGREES[1:])   # a short sequence split as a last resort
     if not plans:
-        raise ValueError(f"no (dp, sdp, tp, pp, microbatch) divides {cluster.world} GPUs, "
+        raise ValueError(f"no (dp, sdp, tp, pp, cp, microbatch) divides {cluster.world} GPUs, "
                          f"global batch {global_batch} and the model's {w.layers} layers; "
                          f"choose a global batch divisible by more data-parallel degrees")
     fitting = sorted((p for p in plans if p.fits), key=lambda p: p.throughput.step_seconds)

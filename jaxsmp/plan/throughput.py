@@ -34,6 +34,7 @@ class StepTime:
     compute: float       # matmuls, attention, memory-bound work, recomputation
     sdp: float           # sdp gathers / reduce-scatters not hidden behind compute
     tp: float            # tensor-parallel all-reduces
+    cp: float            # context-parallel attention transfers not hidden behind compute
     pp: float            # pipeline point-to-point transfers
     bubble: float        # pipeline idle time
     dp: float            # gradient all-reduce over dp
@@ -56,6 +57,7 @@ class _Layer:
     reduce_scatter: float
     tp: float
     offload: float
+    cp: float = 0.0
 
 
 def group_topology(size: int, stride: int, per_host: int) -> tuple[Topology, int]:
@@ -91,7 +93,7 @@ def _all_reduce(cluster: Cluster, size: int, stride: int, nbytes: float) -> floa
 def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) -> _Layer:
     gpu = cluster.node.gpu
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
-    tokens = c.microbatch_size * w.seq_len
+    tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul_flops = 2 * w.layer_matmul_params / split * tokens
@@ -106,17 +108,56 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) ->
     recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
-    shards = w.shards(c.mesh_shape)
-    per_layer = shards.layer_gathered * c.tp / split / c.sdp
-    gather = _collective(cluster, c.sdp, c.tp, cbytes * per_layer)
-    reduce_scatter = _collective(cluster, c.sdp, c.tp, 4 * per_layer)
+    shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp
+    per_layer = shards.layer_gathered * c.tp / split / zero
+    gather = _collective(cluster, zero, c.tp, cbytes * per_layer)
+    reduce_scatter = _collective(cluster, zero, c.tp, 4 * per_layer)
     if not semantics.keeps_gathered(c.remat):
         reduce_scatter += gather    # gathered again for the backward pass
     reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
     tp = reductions * _all_reduce(cluster, split, 1, tokens * w.hidden * cbytes)
     host = w.activations(c.remat, c.precision).host / split * tokens
     offload = 2 * host / cluster.node.pcie_bandwidth
-    return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload)
+    cp_forward, cp_backward = context_transfers(w, c, cluster, split, attention)
+    cp = cp_forward * (2 if c.remat != "none" else 1) + cp_backward  # recompute: again
+    return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp)
+
+
+def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,
+                      attention: float) -> tuple[float, float]:
+    """Exposed seconds of one layer's cp attention transfers (forward, backward) on one
+    device, ``attention``: the forward attention's compute; the strategy is the one
+    ``context_parallel="auto"`` picks. cp groups are ``tp``-strided inside a host, at the
+    in-host bandwidth tp's all-reduces use.
+
+    ``ulysses``: 4 all-to-alls each way (q, k, v to head-split, the output back), each
+    sending (cp-1)/cp of the local [tokens/cp, heads/tp, head_dim] tensor (k and v at
+    their kv heads, or at q's when repeated); taken as **exposed** (the kernel waits).
+    ``ring``: cp-1 ppermutes of the local k and v forward; backward k, v and float32
+    dk, dv for cp-1 steps and one last dk, dv home; taken as **overlapped** with each
+    step's block compute, exposed only beyond the attention's own time."""
+    if c.cp == 1:
+        return 0.0, 0.0
+    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    per_head = c.microbatch_size * w.seq_len // c.cp * (w.hidden // w.heads)
+    q = per_head * w.heads / split * cbytes
+    kv_heads = w.kv_heads / split
+    strategy = w.context_strategy(c.cp, split)
+    if strategy == "ulysses" and kv_heads % c.cp:
+        kv_heads = w.heads / split       # repeated to one per query head
+    kv = per_head * kv_heads * cbytes
+    topo, model = _cost(cluster, c.cp, c.tp)
+
+    def send(nbytes: float) -> float:
+        return model.send(nbytes, across_hosts=topo.hosts > 1)
+    if strategy == "ulysses":
+        each_way = 2 * send(q * (c.cp - 1) / c.cp) + 2 * send(kv * (c.cp - 1) / c.cp)
+        return each_way, each_way
+    grads = 2 * send(kv * 4 / cbytes)                    # float32 dk, dv
+    forward = (c.cp - 1) * 2 * send(kv)
+    backward = (c.cp - 1) * (2 * send(kv) + grads) + grads
+    return (max(0.0, forward - attention),
+            max(0.0, backward - ATTENTION_BACKWARD * attention))
 
 
 def _overlapped(layer: _Layer, semantics: Semantics) -> tuple[float, float, float]:
@@ -135,9 +176,10 @@ def _overlapped(layer: _Layer, semantics: Semantics) -> tuple[float, float, floa
 
 def _head(w: Workload, c: Candidate, cluster: Cluster) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
-    and float32 logits moved a few times."""
+    and float32 logits moved a few times; on 1/cp of the tokens when tp = 1 (with tp > 1
+    the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
     gpu = cluster.node.gpu
-    tokens = c.microbatch_size * w.seq_len
+    tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
     flops = 6 * w.hidden * w.vocab / c.tp * tokens
     return (flops / (gpu.flops(c.precision) * gpu.matmul_efficiency)
             + 4 * 4 * tokens * w.vocab / c.tp / gpu.hbm_bandwidth)
@@ -160,12 +202,13 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     layers = math.ceil(w.layers / c.pp)
     m = c.microbatches
     branchless = 2 if c.pp > 1 and c.schedule == "interleaved" and c.tp > 1 else 1
-    per_microbatch = layers * (compute + exposed + layer.tp + offload) * branchless
+    per_microbatch = layers * (compute + exposed + layer.tp + layer.cp + offload) * branchless
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
-    top = (_collective(cluster, c.sdp, c.tp, cbytes * shards.top_gathered / c.sdp)
-           + _collective(cluster, c.sdp, c.tp, 4 * shards.top_gathered / c.sdp))
-    tokens = c.microbatch_size * w.seq_len
+    zero = c.sdp * c.cp
+    top = (_collective(cluster, zero, c.tp, cbytes * shards.top_gathered / zero)
+           + _collective(cluster, zero, c.tp, 4 * shards.top_gathered / zero))
+    tokens = c.microbatch_size * w.seq_len // c.cp
     sends = 2 * c.virtual_chunks * _send(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
     gpu = cluster.node.gpu
@@ -175,17 +218,18 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         tp=m * layers * layer.tp * branchless,
         pp=m * sends,
         bubble=(pipeline + m * sends) * _bubble(c),
-        dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.tp, 4 * shards.local),
+        dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
         optimizer=shards.local * (ADAMW_BYTES_PER_PARAM + 12 * (c.grad_accum - 1))
         / gpu.hbm_bandwidth,
-        offload=m * layers * offload * branchless)
+        offload=m * layers * offload * branchless,
+        cp=m * layers * layer.cp * branchless)
 
 
 def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:
     """One microbatch's activations from one stage to the next."""
     if c.pp == 1:
         return 0.0
-    topo, model = _cost(cluster, c.pp, c.sdp * c.tp)
+    topo, model = _cost(cluster, c.pp, c.sdp * c.cp * c.tp)
     return model.send(nbytes, across_hosts=topo.hosts > 1)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
+from jaxsmp.context import RING_IMPLS, choose_strategy
 from jaxsmp.metrics.flops import train_flops_per_token
 from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
 from jaxsmp.nn.param import logical_axes
@@ -29,6 +30,8 @@ from jaxsmp.train.precision import precision_policy
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
 # does not depend on it). The odd length tells per-token residuals from per-layer ones.
 _TRACE_BATCH, _TRACE_SEQ = 1, 13
+# The axes ZeRO-3 shards parameters over and the step gathers them from (sharding.rules).
+_ZERO = ("sdp", "cp")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class Param:
 @dataclass(frozen=True)
 class Shards:
     """Elements per device of one mesh layout. ``local``: the stored shards (stacked
-    layers and top-level parameters); ``layer_gathered``: one layer after the sdp gather
-    (still split over tp); ``top_gathered``: the top-level parameters the step gathers."""
+    layers and top-level parameters); ``layer_gathered``: one layer after the sdp (and
+    cp) gather (still split over tp); ``top_gathered``: the top-level parameters the
+    step gathers."""
     stacked_local: int
     top_local: int
     layer_gathered: int
@@ -146,6 +150,13 @@ class Workload:
     def tied(self) -> bool:
         return bool(getattr(self.config, "tie_word_embeddings", False))
 
+    def context_strategy(self, cp: int, tp: int, backend: str = "gpu") -> str:
+        """The attention ``context_parallel="auto"`` runs on a ``cp`` mesh of ``backend``
+        devices (:func:`jaxsmp.context.choose_strategy`)."""
+        impl = getattr(self.config, "attention_impl", "auto")
+        return choose_strategy(self.heads, cp, tp, "cuda" if backend == "gpu" else "cpu",
+                               ring_ok=impl in RING_IMPLS)
+
     @functools.cached_property
     def model_flops_per_token(self) -> float:
         """Model FLOPs per trained token (6N + attention; :mod:`jaxsmp.metrics.flops`)."""
@@ -166,7 +177,7 @@ class Workload:
             spec = resolve_spec(p.path, p.axes, p.shape, mesh_shape, rules)
             split = [math.prod(mesh_shape[a] for a in _names(d)) for d in spec]
             local = math.prod(n // k for n, k in zip(p.shape, split))
-            no_sdp = [k // (mesh_shape["sdp"] if "sdp" in _names(d) else 1)
+            no_sdp = [k // math.prod(mesh_shape[a] for a in _ZERO if a in _names(d))
                       for d, k in zip(spec, split)]
             if p.stacked:
                 stacked += local
