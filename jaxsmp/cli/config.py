@@ -48,8 +48,8 @@ class TrainConfig:
                                  "between the tp matmuls split over tp on the sequence "
                                  "(needs --tp > 1)")
     context_parallel: str = _f("auto", "step", "how attention spans the cp devices: ulysses "
-                               "(all-to-all over heads), ring, or auto (ulysses where the "
-                               "heads divide, else ring)")
+                               "(all-to-all over heads), ring, or auto (on GPUs ulysses where "
+                               "the heads divide, else ring)")
     lr: float = _f(3e-3, "step", "peak learning rate (linear warm-up, cosine decay to 10%%)")
     warmup: int = _f(20, "step", "warm-up steps")
     weight_decay: float = _f(0.1, "step", "AdamW weight decay")

@@ -2,8 +2,8 @@
 
 ``jaxsmp.Mesh(cp=4, ...)`` with ``jaxsmp.step(..., context_parallel="ulysses" | "ring" |
 "auto")``. Inside the step ``cp`` is an automatic (GSPMD) axis, like ``tp``: the batch's
-tokens are split over it on the sequence, the model runs on the whole logical sequence
-(positions, the loss's shift and its mean stay global, so a model never sees ``cp``),
+tokens stay whole over it, the model runs on the whole logical sequence (positions, the
+loss's shift and its mean stay global, so a model never sees ``cp``),
 and GSPMD sums every parameter's gradient over ``cp`` as over a data axis. Between a
 :class:`~jaxsmp.nn.Stack`'s layers the activations are kept split over ``cp`` in the
 load-balanced order of :mod:`.layout` (:func:`.sequence.over_context`); attention is the

@@ -1,4 +1,5 @@
-"""The load-balanced sequence order of ring attention.
+"""The load-balanced sequence order of context parallelism (what ring attention needs;
+Ulysses permutes back locally after its all-to-all).
 
 The sequence is cut into ``2·cp`` chunks; device ``r`` holds chunks ``r`` and
 ``2·cp-1-r``, so under a causal mask every device has as many unmasked (query, key)
@@ -21,7 +22,7 @@ def order(cp: int) -> np.ndarray:
 def _permute(x: jax.Array, cp: int, chunks: np.ndarray) -> jax.Array:
     b, s = x.shape[:2]
     if s % (2 * cp):
-        raise ValueError(f"ring attention splits the sequence into 2*cp = {2 * cp} chunks, "
+        raise ValueError(f"context parallelism splits the sequence into 2*cp = {2 * cp} chunks, "
                          f"but the sequence length is {s}; use a multiple of {2 * cp}")
     parts = x.reshape(b, 2 * cp, s // (2 * cp), *x.shape[2:])
     return parts[:, chunks].reshape(x.shape)

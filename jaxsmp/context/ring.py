@@ -25,8 +25,6 @@ from jax import lax
 from pallas_kernels import blockwise
 
 AXIS = "cp"
-
-
 TILE = 256  # FlashAttention tile edge within a chunk pair (XLA loops; at most)
 
 
@@ -125,18 +123,10 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Array |
     return _ring_fwd(q, k, v, slopes, scale)[0]
 
 
-def _split(q, kvh):
-    b, s, h, d = q.shape
-    return q.reshape(b, s, kvh, h // kvh, d)
-
-
-def _grouped(slopes, kvh):
-    return None if slopes is None else slopes.astype(jnp.float32).reshape(kvh, -1)
-
-
 def _ring_fwd(q, k, v, slopes, scale):
     kvh = k.shape[2]
-    out5, lse = _forward(_split(q, kvh), k, v, _grouped(slopes, kvh), scale)
+    out5, lse = _forward(blockwise.split_heads(q, kvh), k, v,
+                         blockwise.group_slopes(slopes, kvh), scale)
     out = out5.reshape(q.shape).astype(q.dtype)
     return out, (q, k, v, slopes, out, lse)
 
@@ -144,7 +134,8 @@ def _ring_fwd(q, k, v, slopes, scale):
 def _ring_bwd(scale, residuals, do):
     q, k, v, slopes, out, lse = residuals
     n, r, kvh, c = lax.axis_size(AXIS), lax.axis_index(AXIS), k.shape[2], q.shape[1] // 2
-    q5, do5, slopes = _split(q, kvh), _split(do, kvh), _grouped(slopes, kvh)
+    q5, do5 = blockwise.split_heads(q, kvh), blockwise.split_heads(do, kvh)
+    slopes = blockwise.group_slopes(slopes, kvh)
     delta = jnp.einsum("bqhgd,bqhgd->bhgq", out.astype(jnp.float32).reshape(q5.shape),
                        do5.astype(jnp.float32))
     rows_a, rows_b = zip(*(_halves(x, c, 1) for x in (q5, do5)),

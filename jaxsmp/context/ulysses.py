@@ -23,15 +23,20 @@ from jaxsmp.context.layout import balance, unbalance
 AXIS = "cp"
 
 
+def _local_heads(heads: int, tp: int) -> int:
+    """Query heads per ``tp`` device (all of them where ``tp`` splits the batch instead)."""
+    return heads // tp if heads % tp == 0 else heads
+
+
 def fits(heads: int, cp: int, tp: int = 1) -> bool:
     """Whether ``cp`` divides the query heads each ``tp`` device holds."""
-    return (heads // tp if heads % tp == 0 else heads) % cp == 0
+    return _local_heads(heads, tp) % cp == 0
 
 
 def check_heads(heads: int, cp: int, tp: int = 1) -> None:
     """A clear error unless ``cp`` divides the query heads each ``tp`` device holds."""
     if not fits(heads, cp, tp):
-        local = heads // tp if heads % tp == 0 else heads
+        local = _local_heads(heads, tp)
         raise ValueError(
             f"context_parallel='ulysses' splits heads over cp={cp}, but each tp device "
             f"holds {local} query heads ({heads} / tp={tp}), not divisible by {cp}; use "

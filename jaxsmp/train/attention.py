@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
-from jaxsmp.context.ring import ring_attention
 from jaxsmp.context import RING_IMPLS, choose_strategy
+from jaxsmp.context.ring import ring_attention
 from jaxsmp.context.ulysses import check_heads, ulysses_attention
 from pallas_kernels.attention import choose_impl
 
@@ -122,18 +122,13 @@ def _context_kernel(strategy: str, q, tp: int, cp: int, segments: bool, kwargs) 
         check_heads(q.shape[2], cp, tp)
         return lambda q, k, v, extra: ulysses_attention(pallas_kernels.attention, q, k, v,
                                                         **extra, **kwargs)
-    if impl not in RING_IMPLS or not kwargs.get("causal"):
-        raise ValueError(f"context_parallel='ring' runs causal attention with its blocks in "
-                         f"XLA; got impl={impl!r}, causal={kwargs.get('causal')!r}. Use "
+    if impl not in RING_IMPLS or not kwargs.get("causal") or segments:
+        raise ValueError(f"context_parallel='ring' runs causal attention without segment ids "
+                         f"(packed sequences), its blocks in XLA; got impl={impl!r}, "
+                         f"causal={kwargs.get('causal')!r}, segment ids: {segments}. Use "
                          f"attention_impl 'auto' (or 'blockwise'), or context_parallel='ulysses'")
     scale = kwargs.get("softmax_scale") or q.shape[3] ** -0.5
-
-    def ring(q, k, v, extra):
-        if "segment_ids" in extra:
-            raise ValueError("context_parallel='ring' does not take segment ids (packed "
-                             "sequences); use context_parallel='ulysses'")
-        return ring_attention(q, k, v, extra.get("alibi_slopes"), scale)
-    return ring
+    return lambda q, k, v, extra: ring_attention(q, k, v, extra.get("alibi_slopes"), scale)
 
 
 def local_attention(mesh: jax.sharding.Mesh,

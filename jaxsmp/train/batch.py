@@ -17,7 +17,7 @@ def check_batch(batch: Any, mesh: Mesh, microbatches: int) -> int:
         raise ValueError(f"every batch leaf needs the same leading batch dimension; got {sizes}")
     size = sizes.pop()
     for x in jax.tree.leaves(batch):
-        if np.ndim(x) >= 2 and np.shape(x)[1] % (2 * mesh.cp) and mesh.cp > 1:
+        if mesh.cp > 1 and np.ndim(x) >= 2 and np.shape(x)[1] % (2 * mesh.cp):
             raise ValueError(
                 f"context parallelism splits each sequence into 2*cp = {2 * mesh.cp} chunks "
                 f"(cp={mesh.cp}), but a batch leaf has sequence length {np.shape(x)[1]}; use "

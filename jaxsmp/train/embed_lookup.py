@@ -54,11 +54,13 @@ def is_lookup_table(var: nnx.Variable, sdp_dim: Callable[[nnx.Variable], int | N
 
 def _whole_over_cp(var: nnx.Variable) -> jax.Array:
     """The local shard gathered over an automatic ``cp`` (context parallelism shards it
-    with sdp): XLA's SPMD partitioner aborts on a lookup from a table split over cp and
-    tp (jax 0.11.2, 0.12.0.1)."""
+    with sdp) when ``tp`` splits it too: XLA's SPMD partitioner aborts on a lookup from a
+    table split over cp and tp (jax 0.11.2, 0.12.0.1); with tp = 1 it partitions it."""
     mesh, value = jax.sharding.get_abstract_mesh(), var[...]
-    if mesh.empty or mesh.shape.get("cp", 1) == 1 or "cp" in mesh.manual_axes:
+    if (mesh.empty or mesh.shape.get("cp", 1) == 1 or mesh.shape.get("tp", 1) == 1
+            or "cp" in mesh.manual_axes):
         return value
+
     def keep(dim):
         names = (dim,) if isinstance(dim, str) else tuple(dim or ())
         kept = tuple(a for a in names if a != "cp" and a not in mesh.manual_axes)
