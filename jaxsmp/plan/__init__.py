@@ -45,12 +45,12 @@ simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA cont
 library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
 (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; JAX's default is 0.75).
 
-Step semantics (``candidate.Semantics``): the target is issue 12's ZeRO-3 (gathered
+Step semantics (``candidate.Semantics``): the target is jaxsmp's ZeRO-3 (gathered
 weights freed after the forward and gathered again in the backward, the next layer
 prefetched, Megatron tensor parallelism), which is what the step compiles on a GPU;
 ``COMPILED`` is the same without prefetch, as the step compiles on CPU, where the
-pre-flight compiles and compares. ``BEFORE_ISSUE_12`` is the step before
-it (with ``remat="none"`` every layer's gathered weights stay alive; no prefetch; tp ranks
+pre-flight compiles and compares. ``PLAIN_GSPMD`` is a plain GSPMD step
+(with ``remat="none"`` every layer's gathered weights stay alive; no prefetch; tp ranks
 gather and compute whole layers).
 
 Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
@@ -78,7 +78,7 @@ from __future__ import annotations
 import sys
 import types
 
-from jaxsmp.plan.candidate import (BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, Semantics,
+from jaxsmp.plan.candidate import (COMPILED, PLAIN_GSPMD, TARGET, Candidate, Semantics,
                                    schedule_report)
 from jaxsmp.plan.compiled import Preflight, compile_memory, preflight
 from jaxsmp.plan.gpu_preflight import GpuPreflight, gpu_preflight
@@ -104,7 +104,7 @@ class _CallablePackage(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallablePackage
 
-__all__ = ["BEFORE_ISSUE_12", "COMPILED", "GPU", "GPUS", "NODES", "TARGET", "Candidate",
+__all__ = ["COMPILED", "GPU", "GPUS", "NODES", "PLAIN_GSPMD", "TARGET", "Candidate",
            "Cluster", "GpuPreflight", "MemoryBreakdown", "Node", "Plan", "Preflight",
            "Semantics", "StepTime", "Throughput", "Workload", "candidates", "cluster",
            "compile_memory", "estimate_memory", "estimate_time", "evaluate", "generic_node",

@@ -16,7 +16,7 @@ import sys
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
 
-SEMANTICS = ("target", "before-issue-12")
+SEMANTICS = ("target", "plain-gspmd")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +36,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="remat policies to consider")
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
     p.add_argument("--semantics", default="target", choices=SEMANTICS,
-                   help="step semantics: issue 12's ZeRO-3 (target) or this branch's")
+                   help="step semantics: jaxsmp's ZeRO-3 (target) or a plain GSPMD step")
     p.add_argument("--json", action="store_true", help="print the plans as a JSON list")
     p.add_argument("--preflight", action="store_true",
                    help="compile the best plan's step for the node's GPUs with XLA:GPU on "
@@ -63,14 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax
         jax.config.update("jax_platforms", "cpu")
-    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, cluster, load_model, plan
+    from jaxsmp.plan import PLAIN_GSPMD, TARGET, cluster, load_model, plan
     from jaxsmp.plan.report import records, table, why
     try:
         config = load_model(args.model)
         target = cluster(args.node, args.nodes)
         plans = plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch,
                      precision=args.precision, top=None, include_unfit=True,
-                     semantics=TARGET if args.semantics == "target" else BEFORE_ISSUE_12,
+                     semantics=TARGET if args.semantics == "target" else PLAIN_GSPMD,
                      remats=args.remat, schedules=args.schedules)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -105,9 +105,9 @@ def _preflight(args: argparse.Namespace, config, target, best):
     if gpu not in TARGETS:
         raise ValueError(f"no GPU target for {gpu!r} (have {sorted(TARGETS)}); use "
                          f"--preflight-backend cpu")
-    from jaxsmp.plan import BEFORE_ISSUE_12, TARGET
+    from jaxsmp.plan import PLAIN_GSPMD, TARGET
     return gpu_preflight(config, best, args.seq_len, gpu,
-                         TARGET if args.semantics == "target" else BEFORE_ISSUE_12)
+                         TARGET if args.semantics == "target" else PLAIN_GSPMD)
 
 
 if __name__ == "__main__":

@@ -12,15 +12,15 @@ from jaxsmp.train.precision import precision_policy
 
 @dataclass(frozen=True)
 class Semantics:
-    """How the step treats gathered layer weights (issue 12).
+    """How the step treats gathered layer weights.
 
     ``keep_gathered``: each layer's gathered weights stay alive from its forward to its
-    backward (``None``: only with ``remat="none"``, jaxsmp's behaviour before issue 12);
+    backward (``None``: only with ``remat="none"``, a plain GSPMD step);
     otherwise they are freed after the forward use and gathered again in the backward.
     ``prefetch``: layer ``i + 1``'s shard is gathered while layer ``i`` computes (one
     more gathered layer alive, collectives hidden behind compute).
     ``megatron_tp``: tp splits each layer's matmuls, activations and gathered weights
-    (Megatron); ``False`` is what the step compiles before issue 12 (point 7): GSPMD
+    (Megatron); ``False`` is a plain GSPMD step:
     gathers whole layers over sdp x tp and every tp rank computes the whole layer.
     """
     keep_gathered: bool | None = False
@@ -31,8 +31,8 @@ class Semantics:
         return remat == "none" if self.keep_gathered is None else self.keep_gathered
 
 
-TARGET = Semantics(keep_gathered=False, prefetch=True)   # ZeRO-3 as issue 12 specifies
-BEFORE_ISSUE_12 = Semantics(keep_gathered=None, prefetch=False, megatron_tp=False)
+TARGET = Semantics(keep_gathered=False, prefetch=True)   # jaxsmp's ZeRO-3
+PLAIN_GSPMD = Semantics(keep_gathered=None, prefetch=False, megatron_tp=False)
 # What jaxsmp.step compiles by default on CPU, where the pre-flight compiles (prefetch is
 # on by default only on GPUs): the pre-flight compares against it.
 COMPILED = Semantics(keep_gathered=False, prefetch=False, megatron_tp=True)

@@ -1,7 +1,7 @@
 """Configurations and the step semantics they assume."""
 import pytest
 
-from jaxsmp.plan import BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, schedule_report
+from jaxsmp.plan import COMPILED, PLAIN_GSPMD, TARGET, Candidate, schedule_report
 
 
 def test_a_candidate_knows_its_world_batch_and_step_options():
@@ -31,9 +31,9 @@ def test_bad_candidates_are_rejected_by_name():
 
 
 def test_semantics_say_when_gathered_weights_stay_alive():
-    assert BEFORE_ISSUE_12.keeps_gathered("none") and not BEFORE_ISSUE_12.keeps_gathered("full")
+    assert PLAIN_GSPMD.keeps_gathered("none") and not PLAIN_GSPMD.keeps_gathered("full")
     assert not TARGET.keeps_gathered("none") and TARGET.prefetch and TARGET.megatron_tp
-    # the step compiles issue 12's ZeRO-3, prefetching by default only on GPUs
+    # the step compiles jaxsmp's ZeRO-3, prefetching by default only on GPUs
     assert not COMPILED.keeps_gathered("none") and not COMPILED.prefetch and TARGET.prefetch
 
 

@@ -4,7 +4,7 @@ import functools
 import pytest
 
 import jaxsmp
-from jaxsmp.plan import BEFORE_ISSUE_12, COMPILED, TARGET, Candidate, Semantics, Workload
+from jaxsmp.plan import COMPILED, PLAIN_GSPMD, TARGET, Candidate, Semantics, Workload
 from jaxsmp.plan.compiled import compile_memory
 from jaxsmp.plan.memory import GiB, capacity, estimate_memory, pipeline_inflight
 
@@ -84,14 +84,14 @@ def test_the_comparison_catches_the_wrong_gathered_weight_semantics():
     # the compiled step frees each gathered layer after use (issue 12); predicting that it
     # keeps them all for the backward pass (the step before) misses by far more than 15%
     c = COMPARED["sdp=8, no remat"]
-    kept = estimate_memory(WORKLOAD, c, BEFORE_ISSUE_12, backend="cpu")
+    kept = estimate_memory(WORKLOAD, c, PLAIN_GSPMD, backend="cpu")
     assert kept.temporaries > 1.15 * compiled(c).temporaries
 
 
-def test_issue_12_semantics_keep_one_or_two_gathered_layers_instead_of_all():
+def test_zero3_semantics_keep_one_or_two_gathered_layers_instead_of_all():
     c = candidate(sdp=8, remat="none", precision="bf16")
     layer = WORKLOAD.shards(c.mesh_shape).layer_gathered
-    kept = estimate_memory(WORKLOAD, c, BEFORE_ISSUE_12)
+    kept = estimate_memory(WORKLOAD, c, PLAIN_GSPMD)
     freed = estimate_memory(WORKLOAD, c, Semantics(keep_gathered=False, prefetch=False))
     prefetched = estimate_memory(WORKLOAD, c, TARGET)
     assert prefetched.gathered - freed.gathered == pytest.approx(2 * layer)   # bf16
@@ -101,7 +101,7 @@ def test_issue_12_semantics_keep_one_or_two_gathered_layers_instead_of_all():
 def test_tensor_parallelism_splits_activations_only_with_megatron_semantics():
     one, two = candidate(sdp=8, remat="none"), candidate(sdp=4, tp=2, remat="none")
     split = estimate_memory(WORKLOAD, two, TARGET).activations
-    whole = estimate_memory(WORKLOAD, two, BEFORE_ISSUE_12).activations
+    whole = estimate_memory(WORKLOAD, two, PLAIN_GSPMD).activations
     single = estimate_memory(WORKLOAD, one, TARGET).activations
     # tp=2 doubles the sequences per rank; Megatron halves the heads/MLP part per device
     assert split < whole == pytest.approx(2 * single)

@@ -2,7 +2,7 @@
 import pytest
 
 import jaxsmp
-from jaxsmp.plan import BEFORE_ISSUE_12, TARGET, Candidate, Workload, cluster, estimate_time
+from jaxsmp.plan import PLAIN_GSPMD, TARGET, Candidate, Workload, cluster, estimate_time
 from jaxsmp.plan.throughput import group_topology, throughput
 
 W = Workload(jaxsmp.models.preset("gpt_neox", "13b"), 2048)
@@ -33,7 +33,7 @@ def test_large_microbatches_are_compute_bound_and_their_model_flops_add_up():
 def test_prefetch_hides_sdp_collectives_that_otherwise_add_up():
     c = Candidate(1, 128, 1, 1, 8, 1, "full")
     hidden = estimate_time(W, c, P4D, TARGET).sdp
-    exposed = estimate_time(W, c, P4D, BEFORE_ISSUE_12).sdp
+    exposed = estimate_time(W, c, P4D, PLAIN_GSPMD).sdp
     assert exposed > 10 * hidden
 
 
@@ -65,8 +65,8 @@ def test_a_candidate_must_use_the_whole_cluster():
         estimate_time(W, Candidate(1, 64, 1, 1, 16, 1, "full"), P4D)
 
 
-def test_before_issue_12_every_tp_rank_computes_the_whole_layer():
+def test_plain_gspmd_every_tp_rank_computes_the_whole_layer():
     c = Candidate(1, 64, 2, 1, 16, 1, "full")
     megatron = estimate_time(W, c, P4D, TARGET)
-    whole = estimate_time(W, c, P4D, BEFORE_ISSUE_12)
+    whole = estimate_time(W, c, P4D, PLAIN_GSPMD)
     assert whole.compute > 1.8 * megatron.compute and whole.tp == 0
