@@ -107,7 +107,7 @@ def _preflight(args: argparse.Namespace, config, target, best):
                          f"--preflight-backend cpu")
     from jaxsmp.plan import PLAIN_GSPMD, TARGET
     return gpu_preflight(config, best, args.seq_len, gpu,
-                         TARGET if args.semantics == "target" else PLAIN_GSPMD)
+                         TARGET if args.semantics == "target" else PLAIN_GSPMD, target)
 
 
 if __name__ == "__main__":

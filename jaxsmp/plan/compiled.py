@@ -85,6 +85,21 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     (default: this process's CPU devices; abstract GPUs of
     :func:`jaxsmp.plan.gpu_target.topology` compile with XLA:GPU) and returns its
     per-device memory."""
+    return memory_of(compile_candidate(config, candidate, seq_len, devices))
+
+
+def memory_of(compiled: Any) -> CompiledMemory:
+    """Per-device memory of a compiled step (``memory_analysis()``)."""
+    stats = compiled.memory_analysis()
+    return CompiledMemory(stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                          stats.alias_size_in_bytes, stats.temp_size_in_bytes,
+                          getattr(stats, "host_temp_size_in_bytes", 0))
+
+
+def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
+                      devices: list | None = None):
+    """The compiled ``jaxsmp.step(causal_lm_loss, ...)`` of ``candidate`` (as
+    :func:`compile_memory`)."""
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
@@ -106,10 +121,7 @@ def compile_memory(config: Any, candidate: Candidate, seq_len: int,
     else:
         from jaxsmp.plan import gpu_target
         compiled = gpu_target.compile_step(step, state, batch, mesh)
-    stats = compiled.memory_analysis()
-    return CompiledMemory(stats.argument_size_in_bytes, stats.output_size_in_bytes,
-                          stats.alias_size_in_bytes, stats.temp_size_in_bytes,
-                          getattr(stats, "host_temp_size_in_bytes", 0))
+    return compiled
 
 
 def _layer_field(config: Any) -> str:

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
-from jaxsmp.plan.compiled import GiB, CompiledMemory, compile_memory
+from jaxsmp.plan.compiled import GiB, CompiledMemory, compile_candidate, memory_of
+from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
+from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import FRAMEWORK_BYTES, MemoryBreakdown, capacity, estimate_memory
+from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
 
 
@@ -28,6 +31,8 @@ class GpuPreflight:
     predicted: MemoryBreakdown
     capacity: float
     seconds: float
+    time: CompiledTime | None = None    # the roofline over the compiled program
+    predicted_time: StepTime | None = None   # the analytic model's step
 
     @property
     def total(self) -> float:
@@ -60,6 +65,8 @@ class GpuPreflight:
         lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
                      f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
         lines.append(f"  model vs compiled peak: {self.error:+.1%}")
+        if self.time is not None:
+            lines.append(self.time.summary(self.predicted_time))
         return "\n".join(lines)
 
 
@@ -72,18 +79,24 @@ def _topology(gpu: str, world: int) -> list:
 
 
 def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
-                  semantics: Semantics = TARGET) -> GpuPreflight:
+                  semantics: Semantics = TARGET, cluster: Cluster | None = None) -> GpuPreflight:
     """Compiles the training step of ``plan`` (a ``Plan`` or :class:`Candidate`) for
     ``model_config`` with XLA:GPU for ``candidate.world`` GPUs of type ``gpu`` (a key of
-    :data:`jaxsmp.plan.gpu_target.TARGETS`) and returns its memory beside the model's."""
+    :data:`jaxsmp.plan.gpu_target.TARGETS`) and returns its memory beside the model's,
+    and with ``cluster`` (of those GPUs) its time beside the analytic model's."""
     from jaxsmp.plan.hardware import GPUS
     from jaxsmp.plan.search import load_model
     config = load_model(model_config)
     candidate = getattr(plan, "candidate", plan)
     devices = _topology(gpu, candidate.world)
     start = time.perf_counter()
-    compiled = compile_memory(config, candidate, seq_len, devices=devices)
+    compiled = compile_candidate(config, candidate, seq_len, devices=devices)
     seconds = time.perf_counter() - start
-    predicted = estimate_memory(Workload(config, seq_len), candidate, semantics, backend="gpu")
-    return GpuPreflight(candidate, gpu, compiled, predicted,
-                        capacity(GPUS[gpu].memory_bytes), seconds)
+    w = Workload(config, seq_len)
+    predicted = estimate_memory(w, candidate, semantics, backend="gpu")
+    timed = step = None
+    if cluster is not None:
+        timed = compiled_time(compiled, GPUS[gpu], candidate.precision, cluster)
+        step = estimate_time(w, candidate, cluster, semantics)
+    return GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
+                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step)

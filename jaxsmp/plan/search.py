@@ -11,6 +11,7 @@ from jaxsmp.context import RING_IMPLS
 from jaxsmp.models.registry import preset
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
+from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
@@ -140,9 +141,9 @@ def _schedules(w: Workload, pp: int, microbatches: int, schedules: Sequence[str]
 
 
 def evaluate(w: Workload, c: Candidate, cluster: Cluster,
-             semantics: Semantics = TARGET) -> Plan:
+             semantics: Semantics = TARGET, fitted: Fitted = FITTED) -> Plan:
     memory = estimate_memory(w, c, semantics)
-    step = estimate_time(w, c, cluster, semantics)
+    step = estimate_time(w, c, cluster, semantics, fitted)
     return Plan(c, memory, step, throughput(w, c, cluster, step),
                 capacity(cluster.node.gpu.memory_bytes))
 

@@ -1,10 +1,13 @@
 """Step time of one candidate on a cluster: compute, collectives, pipeline bubble.
 
-Per microbatch and layer a device runs its matmuls (roofline: FLOPs at the measured
-matmul efficiency, or their bytes at HBM bandwidth), FlashAttention (executed causal
-FLOPs at its measured efficiency) and memory-bound work (moving the layer's activations);
-collectives come from :class:`collectives.CostModel` on the mesh axis' topology. See
-:mod:`jaxsmp.plan` for the assumptions and their sources.
+Per microbatch and layer a device runs its matmuls (roofline: FLOPs at the achievable
+matmul rate, or their bytes at HBM bandwidth), FlashAttention (executed causal FLOPs at
+its rate) and memory-bound work (the layer's activation traffic, scaled per family to
+what the compiled program moves, :mod:`jaxsmp.plan.calibration`); collectives come from
+:class:`collectives.CostModel` on the mesh axis' topology plus a launch cost per call.
+Prefetched ZeRO-3 collectives hide behind ``overlap`` of the compute beside them; the
+first gather and the last reduce-scatter of each microbatch have nothing to hide behind.
+See :mod:`jaxsmp.plan` for the assumptions and their sources.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import jax.numpy as jnp
 
 import collectives
 from collectives import CostModel, Topology
+from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload
@@ -80,29 +84,31 @@ def _collective(cluster: Cluster, size: int, stride: int, shard_bytes: float) ->
     if size == 1:
         return 0.0
     topo, model = _cost(cluster, size, stride)
-    return model.predict(collectives.choose(int(shard_bytes), topo, model), shard_bytes, topo)
+    algorithm = collectives.choose(int(shard_bytes), topo, model)
+    return COLLECTIVE_LAUNCH + model.predict(algorithm, shard_bytes, topo)
 
 
 def _all_reduce(cluster: Cluster, size: int, stride: int, nbytes: float) -> float:
     if size == 1:
         return 0.0
     topo, model = _cost(cluster, size, stride)
-    return model.all_reduce("ring", nbytes, topo)
+    return COLLECTIVE_LAUNCH + model.all_reduce("ring", nbytes, topo)
 
 
-def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics) -> _Layer:
-    gpu = cluster.node.gpu
+def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
+           fitted: Fitted) -> _Layer:
+    gpu, hbm = cluster.node.gpu, cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul_flops = 2 * w.layer_matmul_params / split * tokens
     matmul_bytes = cbytes * (w.layer_matmul_params / split + 8 * tokens * w.hidden)
-    matmul = max(matmul_flops / (rate * gpu.matmul_efficiency), matmul_bytes / gpu.hbm_bandwidth)
+    matmul = max(matmul_flops / (rate * gpu.matmul_efficiency * fitted.matmul),
+                 matmul_bytes / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
-    attention = causal_flops / (rate * gpu.attention_efficiency)
-    moved = w.activations("none", c.precision).per_device(split, c.sequence_parallel) * tokens
-    elementwise = moved / gpu.hbm_bandwidth
+    attention = causal_flops / (rate * gpu.attention_efficiency * fitted.attention)
+    elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     forward = matmul + attention + elementwise
     backward = 2 * matmul + ATTENTION_BACKWARD * attention + (ELEMENTWISE_PASSES - 1) * elementwise
     recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
@@ -149,7 +155,7 @@ def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,
     topo, model = _cost(cluster, c.cp, c.tp)
 
     def send(nbytes: float) -> float:
-        return model.send(nbytes, across_hosts=topo.hosts > 1)
+        return COLLECTIVE_LAUNCH + model.send(nbytes, across_hosts=topo.hosts > 1)
     if strategy == "ulysses":
         each_way = 2 * send(q * (c.cp - 1) / c.cp) + 2 * send(kv * (c.cp - 1) / c.cp)
         return each_way, each_way
@@ -160,29 +166,68 @@ def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,
             max(0.0, backward - ATTENTION_BACKWARD * attention))
 
 
-def _overlapped(layer: _Layer, semantics: Semantics) -> tuple[float, float, float]:
+def _overlapped(layer: _Layer, semantics: Semantics,
+                overlap: float) -> tuple[float, float, float]:
     """(compute, exposed sdp collectives, exposed offload) of one layer: with prefetch
-    the next layer's gather runs under this layer's compute (and in the backward the
-    re-gather and the reduce-scatter under the backward's)."""
+    the next layer's gather runs under ``overlap`` of this layer's compute (and in the
+    backward the re-gather and the reduce-scatter under the backward's)."""
     compute = layer.forward + layer.backward + layer.recompute
     comm = layer.gather + layer.reduce_scatter
     if semantics.prefetch:
-        exposed = (max(0.0, layer.gather - layer.forward)
-                   + max(0.0, layer.reduce_scatter - layer.backward - layer.recompute))
+        exposed = (max(0.0, layer.gather - overlap * layer.forward)
+                   + max(0.0, layer.reduce_scatter
+                         - overlap * (layer.backward + layer.recompute)))
     else:
         exposed = comm
     return compute, exposed, max(0.0, layer.offload - compute)
 
 
-def _head(w: Workload, c: Candidate, cluster: Cluster) -> float:
+def _edges(layer: _Layer, overlap: float) -> float:
+    """What the per-layer overlap hid of the first gather and the last reduce-scatter of
+    a microbatch, which have no compute beside them."""
+    return (min(layer.gather, overlap * layer.forward)
+            + min(layer.reduce_scatter, overlap * (layer.backward + layer.recompute)))
+
+
+def _head(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
     and float32 logits moved a few times; on 1/cp of the tokens when tp = 1 (with tp > 1
     the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
     gpu = cluster.node.gpu
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
     flops = 6 * w.hidden * w.vocab / c.tp * tokens
-    return (flops / (gpu.flops(c.precision) * gpu.matmul_efficiency)
-            + 4 * 4 * tokens * w.vocab / c.tp / gpu.hbm_bandwidth)
+    return (flops / (gpu.flops(c.precision) * gpu.matmul_efficiency * fitted.matmul)
+            + _head_memory(w, c, cluster) * w.memory_scale.outside)
+
+
+def _elementwise(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
+    """Unscaled seconds of one forward pass over a layer's activations (one microbatch)."""
+    tokens = c.microbatch_size * w.seq_len // c.cp
+    moved = w.activations("none", c.precision).per_device(split, c.sequence_parallel) * tokens
+    return moved / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
+
+
+def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
+    """Unscaled seconds of moving one microbatch's float32 logits 4 times."""
+    tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
+    return 4 * 4 * tokens * w.vocab / c.tp / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
+
+
+def _optimizer(w: Workload, c: Candidate, cluster: Cluster) -> float:
+    """Unscaled seconds of AdamW and gradient accumulation over the local shards."""
+    local = w.shards(c.mesh_shape).local
+    return (local * (ADAMW_BYTES_PER_PARAM + 12 * (c.grad_accum - 1))
+            / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
+
+
+def memory_bound(w: Workload, c: Candidate, cluster: Cluster) -> tuple[float, float]:
+    """Unscaled seconds of one step's memory-bound work on one device, pp = 1: (the
+    layers' activation traffic, the head's logits and the optimizer), the two parts
+    :mod:`jaxsmp.plan.calibrate` scales to the compiled program."""
+    split = c.tp
+    passes = ELEMENTWISE_PASSES + (c.remat != "none")
+    layers = c.microbatches * w.layers * passes * _elementwise(w, c, cluster, split)
+    return layers, c.microbatches * _head_memory(w, c, cluster) + _optimizer(w, c, cluster)
 
 
 def _bubble(c: Candidate) -> float:
@@ -192,17 +237,20 @@ def _bubble(c: Candidate) -> float:
 
 
 def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
-                  semantics: Semantics = TARGET) -> StepTime:
-    """Step time of ``c`` on ``cluster`` (its ``world`` must equal the candidate's)."""
+                  semantics: Semantics = TARGET, fitted: Fitted = FITTED) -> StepTime:
+    """Step time of ``c`` on ``cluster`` (its ``world`` must equal the candidate's);
+    ``fitted``: the constants fitted to published runs (:mod:`jaxsmp.plan.calibration`)."""
     if c.world != cluster.world:
         raise ValueError(f"candidate {c.label()} uses {c.world} devices; the cluster has "
                          f"{cluster.world}")
-    layer = _layer(w, c, cluster, semantics)
-    compute, exposed, offload = _overlapped(layer, semantics)
+    layer = _layer(w, c, cluster, semantics, fitted)
+    compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
+    edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
     layers = math.ceil(w.layers / c.pp)
     m = c.microbatches
     branchless = 2 if c.pp > 1 and c.schedule == "interleaved" and c.tp > 1 else 1
-    per_microbatch = layers * (compute + exposed + layer.tp + layer.cp + offload) * branchless
+    per_microbatch = (layers * (compute + exposed + layer.tp + layer.cp + offload) * branchless
+                      + edges)
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
@@ -213,14 +261,13 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     pipeline = m * per_microbatch
     gpu = cluster.node.gpu
     return StepTime(
-        compute=m * layers * compute * branchless + m * _head(w, c, cluster),
-        sdp=m * (layers * exposed * branchless + top),
+        compute=m * layers * compute * branchless + m * _head(w, c, cluster, fitted),
+        sdp=m * (layers * exposed * branchless + edges + top),
         tp=m * layers * layer.tp * branchless,
         pp=m * sends,
         bubble=(pipeline + m * sends) * _bubble(c),
         dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
-        optimizer=shards.local * (ADAMW_BYTES_PER_PARAM + 12 * (c.grad_accum - 1))
-        / gpu.hbm_bandwidth,
+        optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload * branchless,
         cp=m * layers * layer.cp * branchless)
 
@@ -230,7 +277,7 @@ def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:
     if c.pp == 1:
         return 0.0
     topo, model = _cost(cluster, c.pp, c.sdp * c.cp * c.tp)
-    return model.send(nbytes, across_hosts=topo.hosts > 1)
+    return COLLECTIVE_LAUNCH + model.send(nbytes, across_hosts=topo.hosts > 1)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
 from jaxsmp.nn.param import logical_axes
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
+from jaxsmp.plan.calibration import MemoryScale, memory_scale
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 
@@ -145,6 +146,17 @@ class Workload:
     @property
     def kv_heads(self) -> int:
         return getattr(self.config, "kv_heads", self.heads)
+
+    @property
+    def family(self) -> str | None:
+        """The model family ("llama", ...), None for a config jaxsmp has no mapping of."""
+        from jaxsmp.hf.config import CONFIG_TYPES
+        return CONFIG_TYPES.get(type(self.config))
+
+    @property
+    def memory_scale(self) -> MemoryScale:
+        """Compiled over analytic memory-bound time of this family (calibration)."""
+        return memory_scale(self.family)
 
     @property
     def tied(self) -> bool:

@@ -1,0 +1,321 @@
+"""Step time from the program XLA:GPU compiled: a roofline over its optimized HLO.
+
+``compiled.as_text()`` is parsed into computations; from the entry computation every
+kernel is costed once per execution: a ``while`` loop's body times its trip count
+(``known_trip_count`` in its backend config; XLA's ``cost_analysis`` counts a body
+once), conditionals at their costliest branch, calls and async wrappers at what they
+call. A kernel is
+
+- a GEMM (a fusion around a ``dot``, or a cuBLAS custom call): its FLOPs at the GPU's
+  achievable matmul rate, or its operand and result bytes at HBM bandwidth if slower;
+- fused attention (cuDNN ``__cudnn$fmha*``): its score-matrix FLOPs (4 x scores x head
+  dim forward, half of them causal; the backward 2.5 x) at the attention rate;
+- anything else (elementwise and reduction fusions, copies, slices): its bytes at HBM
+  bandwidth. Operands a fusion only slices count at the slice's size, an in-place
+  ``dynamic-update-slice`` at its update's.
+
+Collectives are listed with their bytes and replica groups (:class:`Collective`) for the
+communication model to price. Each kernel also pays :data:`LAUNCH_SECONDS`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_HEADER = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+         "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
+         "all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done",
+         "async-done", "send-done", "recv-done", "iota"}
+COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "collective-permute",
+               "all-to-all", "send", "recv"}
+
+
+@dataclass(frozen=True)
+class Instr:
+    name: str
+    shape: str
+    op: str
+    operands: tuple[str, ...]
+    attrs: str
+    args: str = ""   # the text between the parentheses (a constant's value)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective kind on one replica group shape: ``nbytes`` per device (all-gather:
+    the gathered result; reduce-scatter: the input; others: the buffer), ``count`` times."""
+    kind: str
+    group_size: int
+    stride: int
+    nbytes: float
+    count: float
+
+
+@dataclass
+class KernelTime:
+    """Seconds per step of one device, by kind of kernel, and what they did."""
+    matmul: float = 0.0
+    attention: float = 0.0
+    memory: float = 0.0
+    launch: float = 0.0
+    matmul_flops: float = 0.0
+    attention_flops: float = 0.0
+    memory_bytes: float = 0.0
+    collectives: list[Collective] = field(default_factory=list)
+
+    @property
+    def compute(self) -> float:
+        return self.matmul + self.attention + self.memory + self.launch
+
+    def add(self, other: "KernelTime", times: float = 1.0) -> None:
+        for name in ("matmul", "attention", "memory", "launch", "matmul_flops",
+                     "attention_flops", "memory_bytes"):
+            setattr(self, name, getattr(self, name) + times * getattr(other, name))
+        self.collectives += [Collective(c.kind, c.group_size, c.stride, c.nbytes,
+                                        c.count * times) for c in other.collectives]
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What a kernel reaches: FLOP/s of matmuls and of fused attention, HBM bytes/s."""
+    matmul_flops: float
+    attention_flops: float
+    hbm_bytes: float
+
+
+def shape_bytes(shape: str) -> int:
+    return sum(_BYTES.get(t, 0) * math.prod(int(d) for d in dims.split(",") if d)
+               for t, dims in _ARRAY.findall(shape))
+
+
+def _dims(shape: str) -> list[int]:
+    found = _ARRAY.search(shape)
+    return [int(d) for d in found.group(2).split(",") if d] if found else []
+
+
+def _closing(text: str, start: int) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    raise ValueError(f"unbalanced parentheses in HLO line: {text[:200]}")
+
+
+def _instruction(line: str) -> Instr | None:
+    body = line.strip().removeprefix("ROOT ")
+    if not body.startswith("%") or " = " not in body:
+        return None
+    name, rest = body[1:].split(" = ", 1)
+    end = _closing(rest, 0) + 1 if rest.startswith("(") else rest.index(" ")
+    shape, rest = rest[:end], rest[end:].lstrip()
+    paren = rest.index("(")
+    close = _closing(rest, paren)
+    operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
+    return Instr(name, shape, rest[:paren], operands, rest[close + 1:], rest[paren + 1:close])
+
+
+def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
+    """(computations by name, the entry computation's name) of an HLO module's text."""
+    computations: dict[str, list[Instr]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header:
+            current = computations.setdefault(header.group(2), [])
+            entry = header.group(2) if header.group(1) else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None and (instr := _instruction(line)):
+            current.append(instr)
+    if not entry:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return computations, entry
+
+
+def _called(attrs: str, key: str) -> list[str]:
+    found = re.search(key + r"=\{?([%\w.\-, ]+)\}?", attrs)
+    return re.findall(r"%([\w.\-]+)", found.group(1)) if found else []
+
+
+def _config(attrs: str) -> dict:
+    found = re.search(r"backend_config=(\{.*\})\s*$", attrs)
+    if not found:
+        return {}
+    try:
+        return json.loads(found.group(1))
+    except json.JSONDecodeError:
+        return {}
+
+
+def replica_group(instr: Instr) -> tuple[int, int]:
+    """(size, stride) of the first replica group (or source-target pair) of a collective."""
+    pairs = re.search(r"source_target_pairs=\{\{(\d+),(\d+)\}", instr.attrs)
+    if pairs:
+        return 2, max(1, abs(int(pairs.group(2)) - int(pairs.group(1))))
+    listed = re.search(r"replica_groups=\{\{([\d,]+)\}", instr.attrs)
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
+                     instr.attrs)
+    if listed:
+        group = [int(x) for x in listed.group(1).split(",")]
+    elif iota:
+        dims = [int(x) for x in iota.group(3).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota.group(4):
+            ids = ids.transpose([int(x) for x in iota.group(4).split(",")])
+        group = list(ids.reshape(int(iota.group(1)), int(iota.group(2)))[0])
+    else:
+        return 1, 1
+    return len(group), (int(group[1] - group[0]) if len(group) > 1 else 1)
+
+
+class _Coster:
+    """Costs computations of one parsed module on ``rates``, each computation once."""
+
+    def __init__(self, computations: dict[str, list[Instr]], rates: Rates):
+        self.comps, self.rates, self._done = computations, rates, {}
+        self.shapes = {name: {i.name: i.shape for i in instrs}
+                       for name, instrs in computations.items()}
+
+    def computation(self, name: str) -> KernelTime:
+        if name not in self._done:
+            total = KernelTime()
+            for instr in self.comps[name]:
+                self.instruction(name, instr, total)
+            self._done[name] = total
+        return self._done[name]
+
+    def instruction(self, comp: str, i: Instr, total: KernelTime) -> None:
+        if i.op in _FREE:
+            return
+        if i.op == "while":
+            total.add(self.computation(_called(i.attrs, "body")[0]), self.trip_count(i))
+        elif i.op == "conditional":
+            branches = [self.computation(b) for b in _called(i.attrs, "branch_computations")]
+            if branches:
+                total.add(max(branches, key=lambda k: k.compute))
+        elif i.op.removesuffix("-start") in COLLECTIVES:
+            total.collectives.append(self.collective(comp, i))
+        elif i.op in ("call", "async-start") or (i.op.endswith("-start") and "calls=" in i.attrs):
+            for name in _called(i.attrs, "to_apply") + _called(i.attrs, "calls"):
+                total.add(self.computation(name))
+        else:
+            self.kernel(comp, i, total)
+
+    def trip_count(self, i: Instr) -> int:
+        known = _config(i.attrs).get("known_trip_count", {}).get("n")
+        if known is not None:
+            return int(known)
+        condition = self.comps[_called(i.attrs, "condition")[0]]
+        bounds = [int(c.args) for c in condition if c.op == "constant" and c.args.isdigit()]
+        if not bounds:
+            raise ValueError(f"while loop {i.name}: no known_trip_count and no constant "
+                             f"bound in its condition")
+        return max(bounds)
+
+    def collective(self, comp: str, i: Instr) -> Collective:
+        kind = i.op.removesuffix("-start")
+        size, stride = replica_group(i)
+        nbytes = sum(shape_bytes(self.shapes[comp].get(o, "")) for o in i.operands)
+        if kind == "all-gather":
+            nbytes *= size
+        return Collective(kind, size, stride, float(nbytes), 1.0)
+
+    def kernel(self, comp: str, i: Instr, total: KernelTime) -> None:
+        total.launch += LAUNCH_SECONDS
+        target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
+        target = target.group(1) if target else ""
+        if target.startswith("__cudnn$fmha"):
+            flops = self.attention_flops(i, target)
+            total.attention += flops / self.rates.attention_flops
+            total.attention_flops += flops
+            return
+        nbytes = self.kernel_bytes(comp, i)
+        flops = self.matmul_flops(comp, i, target)
+        memory = nbytes / self.rates.hbm_bytes
+        if flops:
+            total.matmul += max(flops / self.rates.matmul_flops, memory)
+            total.matmul_flops += flops
+        else:
+            total.memory += memory
+            total.memory_bytes += nbytes
+
+    def attention_flops(self, i: Instr, target: str) -> float:
+        """4 x scores x head dim (QK^T and PV), half of it under a causal mask; the
+        backward runs 2.5 forwards' worth (5 matmuls of the forward's 2)."""
+        config = _config(i.attrs).get("cudnn_fmha_backend_config", {})
+        scores = math.prod(int(d) for d in config.get("intermediate_tensor_shape", {})
+                           .get("dimensions", []))
+        flops = 4.0 * scores * _dims(i.shape)[-1]
+        if "CAUSAL" in str(config.get("mask_type", "")):
+            flops /= 2
+        return flops * (2.5 if "Backward" in target else 1.0)
+
+    def matmul_flops(self, comp: str, i: Instr, target: str) -> float:
+        if target.startswith("__cublas"):
+            numbers = _config(i.attrs).get("gemm_backend_config", {}).get(
+                "dot_dimension_numbers", {})
+            lhs = _dims(self.shapes[comp][i.operands[0]])
+            inner = math.prod(lhs[int(d)] for d in numbers.get("lhs_contracting_dimensions", []))
+            return 2.0 * math.prod(_dims(i.shape)) * inner
+        if i.op != "fusion":
+            return 0.0
+        return sum(self._dot_flops(name) for name in _called(i.attrs, "calls"))
+
+    def _dot_flops(self, name: str) -> float:
+        flops = 0.0
+        for d in self.comps.get(name, []):
+            if d.op in ("dot", "convolution"):
+                lhs = _dims(self.shapes[name][d.operands[0]])
+                found = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", d.attrs)
+                contracting = [int(x) for x in found.group(1).split(",") if x] if found else []
+                flops += 2.0 * math.prod(_dims(d.shape)) * math.prod(lhs[k] for k in contracting)
+            elif d.op == "fusion":
+                flops += sum(self._dot_flops(n) for n in _called(d.attrs, "calls"))
+        return flops
+
+    def kernel_bytes(self, comp: str, i: Instr) -> float:
+        """Operand and result bytes; inside a fusion, an operand only sliced counts the
+        slices, the buffer of an in-place dynamic-update-slice its update."""
+        name = (_called(i.attrs, "calls") or [""])[0] if i.op == "fusion" else ""
+        fused = self.comps.get(name)
+        if not fused:
+            inputs = [shape_bytes(self.shapes[comp].get(o, "")) for o in i.operands]
+            if i.op == "dynamic-update-slice":
+                return 2.0 * inputs[1]
+            if i.op in ("dynamic-slice", "slice"):
+                return 2.0 * shape_bytes(i.shape)
+            return float(sum(inputs) + shape_bytes(i.shape))
+        params = {int(p.args): p.name for p in fused if p.op == "parameter"}
+        users: dict[str, list[Instr]] = {}
+        for instr in fused:
+            for o in instr.operands:
+                users.setdefault(o, []).append(instr)
+        nbytes = 0.0
+        for index, operand in enumerate(i.operands):
+            used = users.get(params.get(index, ""), [])
+            if used and all(u.op in ("dynamic-slice", "slice", "gather")
+                            and u.operands[0] == params[index] for u in used):
+                nbytes += sum(shape_bytes(u.shape) for u in used)
+            elif not (used and all(u.op == "dynamic-update-slice" and u.operands[0] ==
+                                   params[index] for u in used)):
+                nbytes += shape_bytes(self.shapes[comp].get(operand, ""))
+        root = fused[-1]
+        if root.op == "dynamic-update-slice":
+            return nbytes + shape_bytes(self.shapes[name].get(root.operands[1], ""))
+        return nbytes + shape_bytes(i.shape)
+
+
+def estimate(text: str, rates: Rates) -> KernelTime:
+    """Per-device kernel seconds of one step of the compiled module ``text``."""
+    computations, entry = parse(text)
+    return _Coster(computations, rates).computation(entry)

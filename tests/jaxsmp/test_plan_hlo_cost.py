@@ -1,0 +1,93 @@
+"""The roofline over optimized HLO: loop bodies times their trip counts, GEMM FLOPs from
+the dot inside a fusion, fused attention, sliced operands and in-place updates."""
+import pytest
+
+from jaxsmp.plan.hlo_cost import Rates, estimate, parse, replica_group
+
+RATES = Rates(matmul_flops=1e12, attention_flops=5e11, hbm_bytes=1e9)
+
+MODULE = """HloModule step, entry_computation_layout={()}
+
+%gemm (p0: bf16[64,128], p1: bf16[128,32]) -> bf16[64,32] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %p1 = bf16[128,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%slice_add (q0: f32[8,1024], q1: s32[]) -> f32[1,1024] {
+  %q0 = f32[8,1024]{1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %c = s32[] constant(0)
+  ROOT %ds = f32[1,1024]{1,0} dynamic-slice(%q0, %q1, %c), dynamic_slice_sizes={1,1024}
+}
+
+%body (t: (s32[], bf16[64,128], bf16[128,32], f32[8,1024])) -> (s32[], bf16[64,128], bf16[128,32], f32[8,1024]) {
+  %t = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %a = bf16[64,128]{1,0} get-tuple-element(%t), index=1
+  %b = bf16[128,32]{1,0} get-tuple-element(%t), index=2
+  %s = f32[8,1024]{1,0} get-tuple-element(%t), index=3
+  %g = bf16[64,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm
+  %f = f32[1,1024]{1,0} fusion(%s, %i), kind=kLoop, calls=%slice_add
+  ROOT %r = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) tuple(%i, %a, %b, %s)
+}
+
+%cond (u: (s32[], bf16[64,128], bf16[128,32], f32[8,1024])) -> pred[] {
+  %u = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element(%u), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}
+
+ENTRY %main (x: (s32[], bf16[64,128], bf16[128,32], f32[8,1024])) -> (s32[], bf16[64,128], bf16[128,32], f32[8,1024]) {
+  %x = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) parameter(0)
+  %w = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) while(%x), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %w2 = (s32[], bf16[64,128]{1,0}, bf16[128,32]{1,0}, f32[8,1024]{1,0}) while(%w), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_loop_body_counts_once_per_trip_known_or_read_from_its_condition():
+    k = estimate(MODULE, RATES)
+    gemm = 2 * 64 * 32 * 128
+    assert k.matmul_flops == (3 + 5) * gemm   # trip count 3 from the config, 5 from cond
+    assert k.matmul == pytest.approx(8 * max(gemm / 1e12, (64 * 128 + 128 * 32 + 64 * 32)
+                                             * 2 / 1e9))
+
+
+def test_an_operand_a_fusion_only_slices_counts_at_the_slices_size():
+    k = estimate(MODULE, RATES)
+    # the slice of 1 x 1024 float32 read and written, the index; not the 8 x 1024 stack
+    assert k.memory_bytes == 8 * (4 * 1024 + 4 + 4 * 1024)
+
+
+def test_fused_attention_counts_its_causal_score_flops_and_a_costlier_backward():
+    config = ('{"cudnn_fmha_backend_config": {"intermediate_tensor_shape": {"dimensions": '
+              '["2", "16", "1024", "1024"]}, "mask_type": "CAUSAL"}}')
+    text = f"""ENTRY %main (q: bf16[2,1024,16,64]) -> bf16[2,16,1024,64] {{
+  %q = bf16[2,1024,16,64]{{3,2,1,0}} parameter(0)
+  %f = (bf16[2,16,1024,64]{{3,2,1,0}}, u8[0]{{0}}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmax", backend_config={config}
+  %b = (bf16[2,16,1024,64]{{3,2,1,0}}, u8[0]{{0}}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmaxBackward", backend_config={config}
+  ROOT %o = bf16[2,16,1024,64]{{3,2,1,0}} get-tuple-element(%f), index=0
+}}"""
+    k = estimate(text, RATES)
+    forward = 4 * 2 * 16 * 1024 * 1024 * 64 / 2
+    assert k.attention_flops == pytest.approx(3.5 * forward)
+    assert k.attention == pytest.approx(3.5 * forward / 5e11) and k.matmul_flops == 0
+
+
+def test_collectives_are_listed_with_their_group_shape():
+    text = """ENTRY %main (a: bf16[512,4096]) -> bf16[4096,4096] {
+  %a = bf16[512,4096]{1,0} parameter(0)
+  %s = (bf16[512,4096]{1,0}, bf16[4096,4096]{1,0}) all-gather-start(%a), replica_groups=[2,8]<=[8,2]T(1,0), dimensions={0}
+  ROOT %d = bf16[4096,4096]{1,0} all-gather-done(%s)
+}"""
+    (gather,) = estimate(text, RATES).collectives
+    assert (gather.kind, gather.group_size, gather.stride) == ("all-gather", 8, 2)
+    assert gather.nbytes == 4096 * 4096 * 2
+    assert replica_group(parse(text)[0]["main"][1]) == (8, 2)
+
+
+def test_a_module_without_an_entry_is_refused():
+    with pytest.raises(ValueError, match="no ENTRY computation"):
+        estimate("%f (a: f32[]) -> f32[] {\n  ROOT %a = f32[] parameter(0)\n}", RATES)
