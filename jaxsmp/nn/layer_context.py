@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 import pallas_kernels
@@ -20,18 +21,24 @@ from jaxsmp.nn.remat import remat
 
 
 def plain_scan(apply: Callable, h: Any, params: nnx.State, args, *,
-               remat_policy: str = "none") -> Any:
+               remat_policy: str = "none", active: jax.Array | None = None) -> Any:
     """``apply(layer_params, h, args)`` over the stacked layers in ``params``, in one
-    ``lax.scan``, each layer under the remat policy (outside a step: no gathering)."""
-    def body(carry, one):
-        return apply(one, carry, args), None
-    return jax.lax.scan(remat(body, remat_policy), h, params)[0]
+    ``lax.scan``, each layer under the remat policy (outside a step: no gathering);
+    with ``active`` only the first ``active`` layers run, the others pass ``h`` on."""
+    def body(carry, xs):
+        one, i = xs
+        if active is None:
+            return apply(one, carry, args), None
+        return jax.lax.cond(i < active, lambda: apply(one, carry, args), lambda: carry), None
+    n = jax.tree.leaves(params)[0].shape[0]
+    return jax.lax.scan(remat(body, remat_policy), h, (params, jnp.arange(n)))[0]
 
 
 @dataclass(frozen=True)
 class LayerContext:
-    # ``scan_layers(apply, h, params, args)``: how a Stack runs its local layers; the
-    # step installs ZeRO-3 gathering with remat and prefetch (jaxsmp.train.layer_scan).
+    # ``scan_layers(apply, h, params, args[, active=n])``: how a Stack runs its local
+    # layers (only the first n with ``active``); the step installs ZeRO-3 gathering with
+    # remat and prefetch (jaxsmp.train.layer_scan).
     scan_layers: Callable[..., Any] = plain_scan
     # With pp > 1: ``run_stages(run, x, params, args)`` runs the stage's local layers in
     # a pipeline schedule (see jaxsmp.pipeline.runner.StageRunner); None: a plain scan.
@@ -42,6 +49,8 @@ class LayerContext:
     # ``attention(q, k, v, **kwargs)``: pallas_kernels.attention, or the step's version
     # on each device's local batch and heads (jaxsmp.train.attention).
     attention: Callable[..., jax.Array] = pallas_kernels.attention
+    # Linears holding amax histories run their matmul in float8 (precision="fp8")
+    fp8: bool = False
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import jax
 from flax import nnx
 
+from jaxsmp.nn.fp8 import max_accumulating, plain_float
 from jaxsmp.nn.layer_context import current_layer_context, layer_context
 
 
@@ -49,9 +50,15 @@ class Stack(nnx.Module):
             with layer_context(ctx):
                 return nnx.merge(graphdef, one)(h, *layer_args)
 
-        def run(h: jax.Array, layer_params: nnx.State, layer_args) -> jax.Array:
-            return ctx.scan_layers(apply, h, layer_params, layer_args)
+        def run(h: jax.Array, layer_params: nnx.State, layer_args, active=None) -> jax.Array:
+            # active: how many leading layers run (a pipeline stage's padding slots skip)
+            if active is None:
+                return ctx.scan_layers(apply, h, layer_params, layer_args)
+            return ctx.scan_layers(apply, h, layer_params, layer_args, active=active)
 
         if ctx.run_stages is None:
             return run(x, params, args)
-        return ctx.run_stages(run, x, params, args)
+        # the schedule's ticks reuse the stage's layers: fp8 amax observations (the
+        # histories' cotangents) combine by maximum over them, not by sum
+        return ctx.run_stages(lambda h, p, a: run(h, plain_float(p), a), x,
+                              max_accumulating(params), args)

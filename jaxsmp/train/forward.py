@@ -35,7 +35,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
                   collectives_name: str, mesh: jax.sharding.Mesh) -> Callable:
     """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)`` on
     ``mesh``'s devices."""
-    dtype = precision_policy(options.precision).compute_dtype
+    dtype, fp8 = precision_policy(options.precision).compute_dtype, precision_policy(
+        options.precision).fp8
     platform = mesh.devices.flat[0].platform
 
     def forward(params: nnx.State, batch: Any, stage_runner=None):
@@ -50,6 +51,7 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
         top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables)
         scan = functools.partial(
             zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
+            branchless=mesh.shape["tp"] > 1,  # GSPMD's tp collectives sit inside a layer
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
             scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
         cp = mesh.shape["cp"]
@@ -60,7 +62,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
             scan = over_sequence(scan, mesh)
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
                            embed_lookup=lookup_hook(params, top, tables, dtype),
-                           attention=local_attention(mesh, options.context_parallel))
+                           attention=local_attention(mesh, options.context_parallel),
+                           fp8=fp8)
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

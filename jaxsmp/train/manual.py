@@ -16,6 +16,7 @@ import collectives
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.mesh import Mesh
+from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var
 from jaxsmp.sharding.rules import batch_spec
 from jaxsmp.train.param_gather import mesh_axes, sdp_dim
@@ -72,8 +73,12 @@ def vary_over_replicas(params: nnx.State, mesh: Mesh) -> nnx.State:
 
 
 def sum_over_replicas(grads: nnx.State, mesh: Mesh) -> nnx.State:
-    return jax.tree.map(lambda g: g.replace(jax.lax.psum(g[...], _replica_axes(g, mesh))),
-                        grads, is_leaf=is_var)
+    """Gradients summed over the data replicas; fp8 amax observations (the cotangents
+    of :class:`~jaxsmp.nn.fp8.Fp8Meta` histories) take the maximum instead."""
+    def reduce(g):
+        combine = jax.lax.pmax if isinstance(g, Fp8Meta) else jax.lax.psum
+        return g.replace(combine(g[...], _replica_axes(g, mesh)))
+    return jax.tree.map(reduce, grads, is_leaf=is_var)
 
 
 def mean_over_data(tree: Any, mesh: Mesh) -> Any:

@@ -18,7 +18,8 @@ def _positive_int(name: str, value) -> None:
 @dataclass(frozen=True)
 class StepOptions:
     """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
-    ``fp32``, ``bf16`` or ``fp16`` (dynamic loss scaling). ``remat``: ``none``,
+    ``fp32``, ``bf16``, ``fp16`` (dynamic loss scaling) or ``fp8`` (float8 matmuls with
+    ``fp8_history`` steps of amax history, :mod:`jaxsmp.nn.fp8`). ``remat``: ``none``,
     ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
     (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
     mesh's). ``bucket``: gather each layer's parameters with one collective over
@@ -37,6 +38,7 @@ class StepOptions:
     tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`)."""
     microbatches: int = 1
     precision: str = "fp32"
+    fp8_history: int = 1024
     remat: str = "none"
     clip_norm: float | None = 1.0
     collectives: str | None = None
@@ -53,6 +55,10 @@ class StepOptions:
         _positive_int("virtual_chunks", self.virtual_chunks)
         _positive_int("microbatches", self.microbatches)
         precision_policy(self.precision)
+        _positive_int("fp8_history", self.fp8_history)
+        if self.fp8_history != 1024 and not precision_policy(self.precision).fp8:
+            raise ValueError(f"fp8_history={self.fp8_history} needs precision='fp8', "
+                             f"got precision={self.precision!r}")
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
         if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float))

@@ -27,6 +27,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import collectives
+from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var
 
 # Bucketing merges small parameters' collectives into one; a parameter whose gathered
@@ -129,10 +130,11 @@ def _bucketable(var: nnx.Variable, dtype) -> bool:
 def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], list[list[int]]]:
     """(indices only cast to ``dtype``, groups of indices gathered together): selected
     float parameters not split over sdp are only cast; split ones share one bucket when
-    :func:`_bucketable`, else go alone."""
+    :func:`_bucketable`, else go alone. fp8 amax histories stay float32 and local."""
     cast, split = [], []
     for i, v in enumerate(variables):
-        if select(v) and jnp.issubdtype(v[...].dtype, jnp.floating):
+        if (select(v) and jnp.issubdtype(v[...].dtype, jnp.floating)
+                and not isinstance(v, Fp8Meta)):
             (split if sdp_dim(v) is not None else cast).append(i)
     flat = [i for i in split if bucket and _bucketable(variables[i], dtype)]
     return cast, ([flat] if flat else []) + [[i] for i in split if i not in flat]
@@ -168,7 +170,8 @@ def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
     hand where the step writes the backward pass itself)."""
     variables, treedef = jax.tree.flatten(shards, is_leaf=is_var)
     values = [g[...] if is_var(g) else g for g in treedef.flatten_up_to(grads)]
-    out = [v.replace(jnp.zeros_like(v[...])) for v in variables]  # non-float: no gradient
+    out = [v.replace(values[i] if isinstance(v, Fp8Meta)  # amax observations pass as they are
+                     else jnp.zeros_like(v[...])) for i, v in enumerate(variables)]  # non-float
     cast, groups = _groups(variables, dtype, lambda v: True, bucket)
     for i in cast:
         out[i] = variables[i].replace(values[i].astype(variables[i][...].dtype))

@@ -11,15 +11,18 @@ from flax import struct
 @dataclass(frozen=True)
 class Precision:
     """``compute_dtype`` for parameters and activations in the forward/backward pass;
-    ``loss_scaling`` for float16, whose small range needs dynamic loss scaling."""
+    ``loss_scaling`` for float16, whose small range needs dynamic loss scaling; ``fp8``:
+    the big matmuls run in float8 with delayed scaling (:mod:`jaxsmp.nn.fp8`)."""
     compute_dtype: jnp.dtype
     loss_scaling: bool
+    fp8: bool = False
 
 
 PRECISIONS = {
     "fp32": Precision(jnp.float32, False),
     "bf16": Precision(jnp.bfloat16, False),
     "fp16": Precision(jnp.float16, True),
+    "fp8": Precision(jnp.bfloat16, False, fp8=True),
 }
 
 

@@ -10,6 +10,7 @@ from flax import nnx, struct
 from jax.sharding import PartitionSpec as P
 
 from jaxsmp.mesh import Mesh
+from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var, logical_axes, path_names
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import LossScale
@@ -43,10 +44,11 @@ class TrainState:
         layout); ``jax.ShapeDtypeStruct`` values give an abstract one whose leaves carry
         their shardings (a template for restoring or lowering; nothing allocated)."""
         scale = loss_scale or LossScale.create()
-        opt_shardings = state_shardings(jax.eval_shape(tx.init, params), mesh)
+        params_only = nnx.filter_state(params, nnx.Param)  # not fp8 amax histories
+        opt_shardings = state_shardings(jax.eval_shape(tx.init, params_only), mesh)
         if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
             state = cls(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                        opt_state=jax.eval_shape(tx.init, params),
+                        opt_state=jax.eval_shape(tx.init, params_only),
                         loss_scale=jax.eval_shape(lambda: scale),
                         graphdef=graphdef, tx=tx, mesh=mesh)
             shardings = jax.tree.leaves(state_shardings(state, mesh))
@@ -55,7 +57,7 @@ class TrainState:
                 for x, s in zip(jax.tree.leaves(state), shardings)])
         replicated = mesh.sharding(P())
         return cls(step=jax.device_put(jnp.int32(0), replicated), params=params,
-                   opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
+                   opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params_only),
                    loss_scale=jax.device_put(scale, replicated),
                    graphdef=graphdef, tx=tx, mesh=mesh)
 
@@ -82,8 +84,9 @@ def state_shardings(tree: Any, mesh: Mesh) -> Any:
 
 
 def split_params(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State]:
-    """(graph definition, parameters) of a model whose state is only ``nnx.Param``."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    """(graph definition, parameters) of a model whose state is only ``nnx.Param`` (and
+    fp8 amax histories, :class:`~jaxsmp.nn.fp8.Fp8Meta`)."""
+    graphdef, params, rest = nnx.split(model, nnx.Any(nnx.Param, Fp8Meta), ...)
     if jax.tree.leaves(rest):
         raise NotImplementedError(
             f"jaxsmp trains models whose state is only nnx.Param; found other state: "

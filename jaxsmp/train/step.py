@@ -30,6 +30,7 @@ from jaxsmp.pipeline.plan import PipelinePlan
 from jaxsmp.train import manual
 from jaxsmp.train.batch import place_batch
 from jaxsmp.train.forward import LossFn, local_forward
+from jaxsmp.train import fp8_state
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
@@ -78,6 +79,13 @@ class _Step:
     def _place(self, state: TrainState, batch: Any, microbatches: int) -> Any:
         return place_batch(batch, state.mesh, microbatches, _vocab_size(state))
 
+    def _with_fp8(self, state: TrainState) -> TrainState:
+        """With ``precision="fp8"``: checked, and amax histories added if missing."""
+        if not precision_policy(self.options.precision).fp8:
+            return state
+        fp8_state.check_fp8(state.mesh, self.options)
+        return fp8_state.with_fp8(state, self.options.fp8_history)
+
 
 class TrainStep(_Step):
     """A compiled training step: ``state, metrics = train_step(state, batch)``.
@@ -110,9 +118,11 @@ class TrainStep(_Step):
 
         def body(params: nnx.State, batch: Any, scale: jax.Array):
             params = manual.vary_over_replicas(params, mesh)
-            grads, loss, metrics = plan.gradients(forward, params, batch,
-                                                  scale / mesh.data_size,
-                                                  branchless=mesh.tp > 1 or mesh.cp > 1)
+            gradients = (functools.partial(fp8_state.microbatch_gradients, plan)
+                         if fp8_state.has_fp8(params) and plan.stages == 1
+                         and plan.microbatches > 1 else plan.gradients)
+            grads, loss, metrics = gradients(forward, params, batch, scale / mesh.data_size,
+                                             branchless=mesh.tp > 1 or mesh.cp > 1)
             return (manual.sum_over_replicas(grads, mesh),
                     *manual.mean_over_data((loss, metrics), mesh))
 
@@ -127,7 +137,8 @@ class TrainStep(_Step):
 
     def _gradient_metrics(self, state: TrainState, batch: Any):
         grads, loss, metrics = self._gradients(state, batch)
-        return grads, {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads)}
+        grad_norm = optax.tree.norm(fp8_state.trainable(grads))
+        return grads, {"loss": loss, **metrics, "grad_norm": grad_norm}
 
     def _step(self, state: TrainState, batch: Any):
         grads, loss, metrics = self._gradients(state, batch)
@@ -136,6 +147,7 @@ class TrainStep(_Step):
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         _plan(state, self.options)  # bad pipeline settings fail before compiling
+        state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
         jitted = self._jitted(state)
         if self.options.remat == "offload" and jitted._cache_size() == 0:
@@ -147,6 +159,7 @@ class TrainStep(_Step):
         parameters, unscaled, before clipping; and the metrics ``loss``, ``grad_norm``
         and the loss function's own. ``state`` is not donated."""
         _plan(state, self.options)
+        state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
         return self._jitted(state, gradients_only=True)(state, batch)
 
@@ -183,6 +196,7 @@ class EvalStep(_Step):
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
+        state = self._with_fp8(state)
         return self._jit(state, self._place(state, batch, microbatches))
 
 

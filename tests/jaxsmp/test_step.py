@@ -121,8 +121,13 @@ def test_batch_not_divisible_names_the_sizes(tiny_config, tokens):
 
 
 def test_bad_step_options():
-    with pytest.raises(ValueError, match=r"unknown precision 'fp8'"):
-        jaxsmp.step(causal_lm_loss, precision="fp8")
+    with pytest.raises(ValueError, match=r"unknown precision 'fp4'; valid: \['bf16', 'fp16', "
+                                         r"'fp32', 'fp8'\]"):
+        jaxsmp.step(causal_lm_loss, precision="fp4")
+    with pytest.raises(ValueError, match=r"fp8_history must be a positive integer, got 0"):
+        jaxsmp.step(causal_lm_loss, precision="fp8", fp8_history=0)
+    with pytest.raises(ValueError, match=r"fp8_history=16 needs precision='fp8'"):
+        jaxsmp.step(causal_lm_loss, precision="bf16", fp8_history=16)
     with pytest.raises(ValueError, match=r"unknown remat policy 'some'"):
         jaxsmp.step(causal_lm_loss, remat="some")
     with pytest.raises(ValueError, match=r"microbatches must be a positive integer, got 0"):
