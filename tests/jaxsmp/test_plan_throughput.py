@@ -70,3 +70,37 @@ def test_plain_gspmd_every_tp_rank_computes_the_whole_layer():
     megatron = estimate_time(W, c, P4D, TARGET)
     whole = estimate_time(W, c, P4D, PLAIN_GSPMD)
     assert whole.compute > 1.8 * megatron.compute and whole.tp == 0
+
+
+def test_less_overlap_exposes_more_of_the_prefetched_collectives():
+    from jaxsmp.plan.calibration import Fitted
+    c = Candidate(1, 128, 1, 1, 1, 8, "full")
+    full = estimate_time(W, c, P4D, TARGET, Fitted(overlap=1.0))
+    half = estimate_time(W, c, P4D, TARGET, Fitted(overlap=0.5))
+    assert half.sdp > full.sdp and half.compute == full.compute
+
+
+def test_the_first_gather_and_last_reduce_scatter_of_a_microbatch_stay_exposed():
+    # one microbatch of 8 sequences: compute hides every per-layer collective
+    c = Candidate(1, 128, 1, 1, 8, 1, "full")
+    assert estimate_time(W, c, P4D).sdp > estimate_time(W, c, P4D).dp   # not zero
+
+
+def test_the_families_memory_scale_multiplies_the_memory_bound_work(monkeypatch):
+    from jaxsmp.plan import calibration
+    from jaxsmp.plan.throughput import memory_bound
+    c = Candidate(1, 128, 1, 1, 8, 1, "full")
+    old = calibration.MEMORY_SCALE["gpt_neox"]
+    base = estimate_time(W, c, P4D)
+    layers, outside = memory_bound(W, c, P4D)
+    monkeypatch.setitem(calibration.MEMORY_SCALE, "gpt_neox", calibration.MemoryScale(2.0, 3.0))
+    scaled = estimate_time(W, c, P4D)
+    extra = (scaled.compute + scaled.optimizer) - (base.compute + base.optimizer)
+    assert extra == pytest.approx((2.0 - old.layer) * layers + (3.0 - old.outside) * outside,
+                                  rel=1e-6)
+
+
+def test_a_fitted_constant_out_of_range_is_refused():
+    from jaxsmp.plan.calibration import Fitted
+    with pytest.raises(ValueError, match="matmul must be in"):
+        Fitted(matmul=0.0)
