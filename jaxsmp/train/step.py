@@ -169,6 +169,7 @@ class TrainStep(_Step):
         ``jaxsmp.checkpoint.abstract_state``); ``platforms`` lowers for other backends
         than this host's, e.g. ``("cuda",)``."""
         _plan(state, self.options)
+        state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
         traced = self._jitted(state).trace(state, batch)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
