@@ -147,13 +147,13 @@ class Workload:
     def kv_heads(self) -> int:
         return getattr(self.config, "kv_heads", self.heads)
 
-    @property
+    @functools.cached_property
     def family(self) -> str | None:
         """The model family ("llama", ...), None for a config jaxsmp has no mapping of."""
         from jaxsmp.hf.config import CONFIG_TYPES
         return CONFIG_TYPES.get(type(self.config))
 
-    @property
+    @functools.cached_property
     def memory_scale(self) -> MemoryScale:
         """Compiled over analytic memory-bound time of this family (calibration)."""
         return memory_scale(self.family)
