@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jaxsmp.cli.config import TrainConfig
+from jaxsmp.cli.config import ConfigError, TrainConfig
 from jaxsmp.data import (PackedBatches, TokenBatches, TokenDataset, is_prepared, load_corpus,
                          load_tokenizer)
 from jaxsmp.data.loader import Source
@@ -37,7 +37,7 @@ def run_tokenizer(cfg: TrainConfig) -> Tokenizer | None:
 def _prepared(cfg: TrainConfig, tokenizer: Tokenizer | None) -> RunData:
     dataset = TokenDataset(cfg.data)
     if tokenizer is not None and tokenizer.identity != dataset.tokenizer:
-        raise ValueError(f"{cfg.data} was tokenized with {dataset.tokenizer} "
+        raise ConfigError(f"{cfg.data} was tokenized with {dataset.tokenizer} "
                          f"({dataset.index.get('tokenizer_source')}), not with {tokenizer.name} "
                          f"({tokenizer.identity}); prepare it again or drop --tokenizer")
     train = PackedBatches(dataset, "train", cfg.batch_size, cfg.seq_len, cfg.seed)
@@ -45,7 +45,7 @@ def _prepared(cfg: TrainConfig, tokenizer: Tokenizer | None) -> RunData:
     held_out = None
     if cfg.eval_every:
         if stop - start < cfg.seq_len:
-            raise ValueError(f"{cfg.data} has {stop - start} validation tokens, fewer than "
+            raise ConfigError(f"{cfg.data} has {stop - start} validation tokens, fewer than "
                              f"seq_len={cfg.seq_len}; prepare it with a larger --val-fraction "
                              f"or pass --eval-every 0")
         held_out = PackedBatches(dataset, "val", cfg.batch_size, cfg.seq_len, cfg.seed + 1)
@@ -57,7 +57,15 @@ def _prepared(cfg: TrainConfig, tokenizer: Tokenizer | None) -> RunData:
 
 
 def run_data(cfg: TrainConfig) -> RunData:
-    """Train and held-out batches of ``cfg.data`` with the run's tokenizer."""
+    """Train and held-out batches of ``cfg.data`` with the run's tokenizer; a path that
+    holds no data or tokenizer, or too few tokens, is a :class:`ConfigError`."""
+    try:
+        return _run_data(cfg)
+    except (ValueError, OSError) as err:
+        raise ConfigError(str(err)) from err
+
+
+def _run_data(cfg: TrainConfig) -> RunData:
     tokenizer = run_tokenizer(cfg)
     if is_prepared(cfg.data):
         return _prepared(cfg, tokenizer)

@@ -1,12 +1,15 @@
-"""Training-run configuration: one dataclass whose fields are the flags
+"""Training-run configuration: :class:`TrainConfig`, whose settings are the flags
 (:mod:`jaxsmp.cli.flags`), the TOML keys grouped in sections
-(:mod:`jaxsmp.cli.config_file`) and the saved resolved config."""
+(:mod:`jaxsmp.cli.config_file`) and the saved resolved config. The ``[step]`` settings
+are the fields of the step's own :class:`~jaxsmp.train.options.StepOptions`."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
-from jaxsmp.cli.validate import ConfigError, check_config
+from jaxsmp.cli.validate import ConfigError, check_config, field_kinds
+from jaxsmp.train.options import StepOptions
 
 
 def _f(default, section: str, help: str | None = None):
@@ -34,35 +37,22 @@ class TrainConfig:
     simulate_devices: int = _f(8, "mesh", "number of simulated CPU devices (ignored on GPU/TPU)")
     collectives: str = _f("auto", "mesh", "algorithm for the sdp parameter gather / gradient "
                           "reduce-scatter")
-    steps: int = _f(200, "step", "number of training steps (the total, also when resuming)")
-    batch_size: int = _f(16, "step", "global batch size in sequences")
-    seq_len: int = _f(128, "step", "sequence length in tokens")
-    microbatches: int = _f(1, "step", "gradient-accumulation steps per global batch (pipeline "
-                           "microbatches when pp > 1)")
-    pipeline: str = _f("simple", "step", "pipeline schedule when pp > 1: simple (GPipe), "
-                       "interleaved (1F1B), virtual")
-    virtual_chunks: int = _f(2, "step", "layer chunks per pipeline stage for --pipeline virtual")
-    precision: str = _f("fp32", "step", "fp32, bf16 or fp16 (dynamic loss scaling)")
-    remat: str = _f("none", "step", "activation checkpointing: none, full, save_matmuls, offload")
-    sequence_parallel: bool = _f(False, "step", "Megatron sequence parallelism: activations "
-                                 "between the tp matmuls split over tp on the sequence "
-                                 "(needs --tp > 1)")
-    context_parallel: str = _f("auto", "step", "how attention spans the cp devices: ulysses "
-                               "(all-to-all over heads), ring, or auto (on GPUs ulysses where "
-                               "the heads divide, else ring)")
-    lr: float = _f(3e-3, "step", "peak learning rate (linear warm-up, cosine decay to 10%%)")
-    warmup: int = _f(20, "step", "warm-up steps")
-    weight_decay: float = _f(0.1, "step", "AdamW weight decay")
-    clip_norm: float | None = _f(1.0, "step", "global gradient-norm clipping threshold "
-                                 "(none: no clipping)")
-    seed: int = _f(0, "step", "seed of the initial parameters and the data order")
+    step: StepOptions = field(default_factory=StepOptions, metadata={"section": "step"})
+    steps: int = _f(200, "train", "number of training steps (the total, also when resuming)")
+    batch_size: int = _f(16, "train", "global batch size in sequences")
+    seq_len: int = _f(128, "train", "sequence length in tokens")
+    lr: float = _f(3e-3, "train", "peak learning rate (linear warm-up, cosine decay to 10%%)")
+    warmup: int = _f(20, "train", "warm-up steps")
+    weight_decay: float = _f(0.1, "train", "AdamW weight decay")
+    seed: int = _f(0, "train", "seed of the initial parameters and the data order")
     data: str | None = _f(None, "data", "a dataset prepared by jaxsmp.data.prepare, a text file "
                           "or a directory of *.txt (default: Python's bundled docs)")
     tokenizer: str | None = _f(None, "data", "tokenizer.json, an HF checkpoint directory, or "
                                "'bytes' (default: --init-from-hf's tokenizer, else bytes)")
     eval_every: int = _f(50, "data", "evaluate every N steps and at the end (0: never)")
     eval_batches: int = _f(2, "data", "held-out batches per evaluation")
-    prefetch: int = _f(2, "data", "batches prepared ahead on a background thread (0: inline)")
+    read_ahead: int = _f(2, "data", "batches read and put on the devices ahead, on a "
+                         "background thread (0: inline)")
     checkpoint_dir: str | None = _f(None, "checkpoint", "directory for checkpoints (default: "
                                     "no checkpoints)")
     save_every: int = _f(0, "checkpoint", "checkpoint every N steps (0: only at the end)")
@@ -83,7 +73,9 @@ class TrainConfig:
     log_all_processes: bool = _f(False, "logging", "every process prints (default: process 0)")
 
     def __post_init__(self) -> None:
-        check_config(self)
+        if not isinstance(self.step, StepOptions):
+            raise ConfigError(f"step must be a jaxsmp StepOptions, got {self.step!r}")
+        check_config(self, flat(self), SETTINGS)
 
     @property
     def profile_range(self) -> range | None:
@@ -94,12 +86,85 @@ class TrainConfig:
         return range(int(start), int(stop))
 
 
-SECTIONS = ("model", "mesh", "step", "data", "checkpoint", "logging")
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+# The StepOptions fields the trainer sets, with their help (a name StepOptions lacks in
+# this tree is skipped). ``collectives`` is set on the mesh (``--collectives``); a new step
+# option needs a line here or in NOT_FLAGS.
+STEP_HELP = {
+    "microbatches": "gradient-accumulation steps per global batch (pipeline microbatches "
+                    "when pp > 1)",
+    "precision": "fp32, bf16, fp16 (dynamic loss scaling) or fp8 where available",
+    "fp8_history": "steps of amax history that scale fp8 matmuls (precision fp8 only)",
+    "remat": "activation checkpointing: none, full, save_matmuls, offload",
+    "clip_norm": "global gradient-norm clipping threshold (none: no clipping)",
+    "bucket": "gather each layer's parameters as one flat buffer, one collective per layer",
+    "prefetch": "gather layer i+1 while layer i computes: on, off, or auto (on GPUs)",
+    "sequence_parallel": "Megatron sequence parallelism: activations between the tp matmuls "
+                         "split over tp on the sequence (needs --tp > 1)",
+    "pipeline": "pipeline schedule when pp > 1: simple (GPipe), interleaved (1F1B), virtual",
+    "virtual_chunks": "layer chunks per pipeline stage for --pipeline virtual",
+    "context_parallel": "how attention spans the cp devices: ulysses (all-to-all over heads), "
+                        "ring, or auto (on GPUs ulysses where the heads divide, else ring)",
+}
+NOT_FLAGS = ("collectives",)
+NONE_WORD = {"prefetch": "auto"}  # how None is spelled where "none" would mislead
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One flag / config-file key."""
+    name: str
+    section: str
+    help: str
+    default: Any
+    kinds: tuple[type, ...]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def none_word(self) -> str:
+        return NONE_WORD.get(self.name, "none")
+
+
+def _settings() -> dict[str, Setting]:
+    step = {f.name: f for f in dataclasses.fields(StepOptions)}
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "step":
+            out.update({n: Setting(n, "step", h, step[n].default, field_kinds(step[n]))
+                        for n, h in STEP_HELP.items() if n in step})
+        else:
+            out[f.name] = Setting(f.name, f.metadata["section"], f.metadata["help"],
+                                  f.default, field_kinds(f))
+    return out
+
+
+SECTIONS = ("model", "mesh", "step", "train", "data", "checkpoint", "logging")
+SETTINGS = _settings()
 
 
 def section_of(name: str) -> str:
-    return FIELDS[name].metadata["section"]
+    return SETTINGS[name].section
 
 
-__all__ = ["ConfigError", "FIELDS", "SECTIONS", "TrainConfig", "section_of"]
+def flat(cfg: TrainConfig) -> dict[str, Any]:
+    """Every setting of ``cfg`` by name, the step options' among them."""
+    return {n: getattr(cfg.step if s.section == "step" else cfg, n) for n, s in SETTINGS.items()}
+
+
+def make_config(values: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from settings by name (flags, config file): the ``[step]`` ones
+    become its StepOptions. Raises :class:`ConfigError` naming a bad value."""
+    step = {n: v for n, v in values.items() if section_of(n) == "step"}
+    rest = {n: v for n, v in values.items() if section_of(n) != "step"}
+    check_config(None, step, SETTINGS)  # the trainer's wording, before StepOptions' own
+    try:
+        options = StepOptions(**step)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+    return TrainConfig(**rest, step=options)
+
+
+__all__ = ["ConfigError", "SECTIONS", "SETTINGS", "Setting", "TrainConfig", "flat",
+           "make_config", "section_of"]

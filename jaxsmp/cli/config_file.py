@@ -7,8 +7,11 @@ config written back in the same form (so it can be passed to ``--config`` again)
     [mesh]
     sdp = 4
     tp = 2
-    [step]
+    [step]                 # the step's options (jaxsmp.train.options.StepOptions)
+    remat = "full"
     clip_norm = "none"     # optional settings take the string "none"
+    [train]
+    batch_size = 32
 
 Keys are the flag names with underscores. An unknown section or key is an error
 naming it and the file.
@@ -20,14 +23,16 @@ import os
 import tomllib
 from pathlib import Path
 
-from jaxsmp.cli.config import FIELDS, SECTIONS, TrainConfig, section_of
-from jaxsmp.cli.validate import ConfigError, field_kinds
+from jaxsmp.cli.config import SECTIONS, SETTINGS, TrainConfig, flat, section_of
+from jaxsmp.cli.validate import ConfigError
+
+RENAMED = {"prefetch": ("data", "read_ahead")}  # old key -> its section, its new name
 
 
 def _value(name: str, value, path: str):
-    """A TOML value for field ``name``: ``"none"`` is None where the field allows it."""
-    if type(None) in field_kinds(FIELDS[name]) and isinstance(value, str) \
-            and value.lower() == "none":
+    """A TOML value for setting ``name``: ``"none"`` is None where the setting allows it."""
+    s = SETTINGS[name]
+    if type(None) in s.kinds and isinstance(value, str) and value.lower() == s.none_word:
         return None
     if isinstance(value, (dict, list)):
         raise ConfigError(f"{path}: {section_of(name)}.{name} must be a single value, "
@@ -36,12 +41,16 @@ def _value(name: str, value, path: str):
 
 
 def _section_keys(section: str) -> list[str]:
-    return [n for n in FIELDS if section_of(n) == section]
+    return [n for n in SETTINGS if section_of(n) == section]
 
 
 def _unknown_key(section: str, key: str, path: str) -> ConfigError:
-    hint = (f" ({key} belongs in [{section_of(key)}])" if key in FIELDS
-            else f"; valid keys of [{section}]: {', '.join(_section_keys(section))}")
+    if RENAMED.get(key, (None,))[0] == section:
+        hint = f" (now {RENAMED[key][1]})"
+    elif key in SETTINGS:
+        hint = f" ({key} belongs in [{section_of(key)}])"
+    else:
+        hint = f"; valid keys of [{section}]: {', '.join(_section_keys(section))}"
     return ConfigError(f"unknown key {section}.{key!r} in {path}{hint}")
 
 
@@ -62,15 +71,15 @@ def read_config_file(path: str | os.PathLike) -> dict:
             raise ConfigError(f"unknown section {section!r} in {path}; valid sections: "
                               f"{', '.join(SECTIONS)}")
         for key, value in keys.items():
-            if key not in FIELDS or section_of(key) != section:
+            if key not in SETTINGS or section_of(key) != section:
                 raise _unknown_key(section, key, path)
             values[key] = _value(key, value, path)
     return values
 
 
-def _toml_value(value) -> str:
+def _toml_value(value, none_word: str = "none") -> str:
     if value is None:
-        return '"none"'
+        return f'"{none_word}"'
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -80,10 +89,11 @@ def _toml_value(value) -> str:
 
 def config_toml(cfg: TrainConfig) -> str:
     """``cfg`` as a TOML config file (every setting, by section)."""
-    lines = []
+    lines, values = [], flat(cfg)
     for section in SECTIONS:
         lines.append(f"[{section}]")
-        lines += [f"{name} = {_toml_value(getattr(cfg, name))}" for name in _section_keys(section)]
+        lines += [f"{n} = {_toml_value(values[n], SETTINGS[n].none_word)}"
+                  for n in _section_keys(section)]
         lines.append("")
     return "\n".join(lines)
 
@@ -91,6 +101,9 @@ def config_toml(cfg: TrainConfig) -> str:
 def save_config(cfg: TrainConfig, directory: str | os.PathLike) -> Path:
     """Writes the resolved ``cfg`` to ``directory/config.toml`` and returns the path."""
     path = Path(directory) / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_toml(cfg))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(config_toml(cfg))
+    except OSError as err:
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}") from None
     return path

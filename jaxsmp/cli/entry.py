@@ -19,17 +19,18 @@ def _layer_bytes(cfg) -> int:
     """One stacked layer's parameters in the compute dtype (abstract: no backend)."""
     from jaxsmp.models import preset
     from jaxsmp.plan.workload import Workload
-    itemsize = 4 if cfg.precision == "fp32" else 2
+    itemsize = 4 if cfg.step.precision == "fp32" else 2
     return Workload(preset(cfg.model, cfg.preset), cfg.seq_len).layer_params * itemsize
 
 
-def main(argv: list[str] | None = None, *, model: str) -> None:
-    """Parses flags (and ``--config``), joins the cluster described by the environment
-    (or simulates ``--simulate-devices`` CPU devices for a single process), trains,
-    and prints the losses (process 0). Exits with status 2 on a bad setting, 1 on a
-    checkpoint problem and :data:`PREEMPTED_EXIT_CODE` after a stop signal."""
+def main(argv: list[str] | None = None, **defaults) -> None:
+    """Parses flags (and ``--config``) over ``defaults`` (an example script's, e.g.
+    ``model="bloom"``), joins the cluster described by the environment (or simulates
+    ``--simulate-devices`` CPU devices for a single process), trains, and prints the
+    losses (process 0). Exits with status 2 on a bad setting, 1 on a checkpoint problem
+    and :data:`PREEMPTED_EXIT_CODE` after a stop signal."""
     try:
-        cfg = parse_args(argv, model=model)
+        cfg = parse_args(argv, **defaults)
     except ConfigError as err:  # before any device work or compilation
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None, *, model: str) -> None:
         simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
     try:
         history = run(cfg)
+    except ConfigError as err:  # a setting that does not fit the devices or the data
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     except CheckpointError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

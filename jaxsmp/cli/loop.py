@@ -1,4 +1,4 @@
-"""The training loop the examples share: batches prefetched onto the devices, the
+"""The training loop the examples share: batches read ahead onto the devices, the
 compiled step, evaluation, metrics, checkpoints, profiling and a clean stop on
 preemption."""
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 from jaxsmp import losses
 from jaxsmp.checkpoint import CheckpointManager, describe_model
 from jaxsmp.cli.batches import RunData, run_data
-from jaxsmp.cli.build import build
-from jaxsmp.cli.config import TrainConfig
+from jaxsmp.cli.build import build, run_mesh
+from jaxsmp.cli.config import ConfigError, TrainConfig, flat
 from jaxsmp.cli.config_file import save_config
 from jaxsmp.cli.preemption import Preempted, StopSignals
 from jaxsmp.cli.profile import StepProfiler
@@ -89,8 +89,9 @@ def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
     if cfg.checkpoint_dir and cfg.resume == "require":  # fail before building anything
         with CheckpointManager(cfg.checkpoint_dir) as probe:
             probe.require()
+    mesh = run_mesh(cfg)  # checks the mesh and the batch fit the devices, compiling nothing
     data = run_data(cfg)
-    state, model_cfg = build(cfg, data.vocab_size)
+    state, model_cfg = build(cfg, data.vocab_size, mesh)
     ckpt = checkpoints(cfg, model_cfg)
     if ckpt is not None:
         stack.callback(ckpt.close)
@@ -104,7 +105,7 @@ def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
         save_config(cfg, cfg.checkpoint_dir)
     reporter = Reporter(cfg, first)
     stack.callback(reporter.close)
-    extra = {"train_config": dataclasses.asdict(cfg), "data": data.identity}
+    extra = {"train_config": flat(cfg), "data": data.identity}
     run = Run(cfg, data, state, model_cfg, ckpt, reporter, logger, extra)
     _check_resumed_data(run, first)
     return run
@@ -119,13 +120,20 @@ def _header(run: Run, peak: float, peak_source: str) -> None:
 
 
 def _compiled_steps(cfg: TrainConfig):
-    train_step = step(losses.causal_lm_loss, microbatches=cfg.microbatches,
-                      precision=cfg.precision, remat=cfg.remat, clip_norm=cfg.clip_norm,
-                      pipeline=cfg.pipeline, virtual_chunks=cfg.virtual_chunks,
-                      sequence_parallel=cfg.sequence_parallel,
-                      context_parallel=cfg.context_parallel)
-    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.precision,
-                                 context_parallel=cfg.context_parallel)
+    train_step = step(losses.causal_lm_loss, **dataclasses.asdict(cfg.step))
+    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.step.precision,
+                                 context_parallel=cfg.step.context_parallel)
+
+
+def _call(train_step, state: TrainState, batch, first: bool):
+    """One step; on the first, a ValueError (raised while tracing, before compiling: an
+    option the mesh or model cannot serve) is a :class:`ConfigError`."""
+    try:
+        return train_step(state, batch)
+    except ValueError as err:
+        if not first:
+            raise
+        raise ConfigError(str(err)) from err
 
 
 def _record(run: Run, history: History, done: int, values: dict) -> None:
@@ -147,13 +155,13 @@ def _train(run: Run, history: History, stack: ExitStack) -> None:
     stack.callback(profiler.stop)
     signals = stack.enter_context(StopSignals())
     batches = iter(stack.enter_context(Prefetcher(
-        run.data.train, run.state.mesh, range(history.start_step, cfg.steps), cfg.prefetch)))
+        run.data.train, run.state.mesh, range(history.start_step, cfg.steps), cfg.read_ahead)))
     for done in range(history.start_step + 1, cfg.steps + 1):
         start = time.perf_counter()  # the step's time includes waiting for its batch
         _, batch = next(batches)
         waited = time.perf_counter() - start
         profiler.before(done)
-        run.state, metrics = train_step(run.state, batch)
+        run.state, metrics = _call(train_step, run.state, batch, first=not history.losses)
         jax.block_until_ready(metrics["loss"])
         values = step_values(metrics, time.perf_counter() - start, rate)
         profiler.after(done, run.state)

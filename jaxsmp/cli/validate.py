@@ -35,7 +35,7 @@ CHOICES = {
 # smallest valid value of each numeric setting
 MINIMUM = {"steps": 1, "batch_size": 1, "seq_len": 2, "microbatches": 1, "virtual_chunks": 1,
            "dp": 1, "sdp": 1, "tp": 1, "pp": 1, "cp": 1, "simulate_devices": 1, "warmup": 0,
-           "eval_every": 0, "eval_batches": 1, "prefetch": 0, "save_every": 0, "keep": 1,
+           "eval_every": 0, "eval_batches": 1, "read_ahead": 0, "save_every": 0, "keep": 1,
            "log_every": 1, "vocab_size": 1, "weight_decay": 0}
 POSITIVE = ("lr", "clip_norm")  # real numbers > 0 (clip_norm may also be None)
 
@@ -79,8 +79,9 @@ def _check_profile_steps(cfg) -> None:
 
 
 def _check_context(cfg) -> None:
-    if cfg.context_parallel != "auto" and cfg.cp == 1:
-        raise ConfigError(f"context_parallel {cfg.context_parallel!r} splits sequences over "
+    strategy = cfg.step.context_parallel
+    if strategy != "auto" and cfg.cp == 1:
+        raise ConfigError(f"context_parallel {strategy!r} splits sequences over "
                           f"cp, but cp is 1; set cp > 1 or drop context_parallel")
     if cfg.cp > 1 and cfg.seq_len % (2 * cfg.cp):
         raise ConfigError(f"seq_len {cfg.seq_len} must be a multiple of 2*cp = {2 * cfg.cp} "
@@ -90,14 +91,17 @@ def _check_context(cfg) -> None:
                           f"together are not supported yet; set one of them to 1")
 
 
-def check_config(cfg) -> None:
-    """Raises :class:`ConfigError` for the first invalid setting of ``cfg``."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        _check_type(f.name, value, field_kinds(f))
-        _check_value(f.name, value)
+def check_config(cfg, values: dict, settings: dict) -> None:
+    """Raises :class:`ConfigError` for the first invalid value of ``values`` (settings
+    by name, each with its ``kinds``), then, given the whole ``cfg``, for settings that
+    do not go together."""
+    for name, value in values.items():
+        _check_type(name, value, settings[name].kinds)
+        _check_value(name, value)
+    if cfg is None:
+        return
     _check_profile_steps(cfg)
-    if cfg.sequence_parallel and cfg.tp == 1:
+    if cfg.step.sequence_parallel and cfg.tp == 1:
         raise ConfigError("sequence_parallel splits activations over tp, but tp is 1; "
                           "set tp > 1 or drop sequence_parallel")
     _check_context(cfg)

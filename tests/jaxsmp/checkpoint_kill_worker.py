@@ -2,7 +2,7 @@
 checkpoint step ``kill_step``: after the arrays and metadata are written into the
 temporary step directory, just before orbax commits it by renaming it into place.
 
-    python checkpoint_kill_worker.py '<TrainConfig fields as JSON>' <kill_step>
+    python checkpoint_kill_worker.py '<TrainConfig settings as JSON (jaxsmp.cli.config.flat)>' <kill_step>
 """
 import json
 import os
@@ -15,7 +15,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
-from jaxsmp.cli import TrainConfig, run  # noqa: E402
+from jaxsmp.cli import run  # noqa: E402
+from jaxsmp.cli.config import make_config  # noqa: E402
 
 
 def kill_during_commit(step: str) -> None:
@@ -32,5 +33,5 @@ def kill_during_commit(step: str) -> None:
 
 if __name__ == "__main__":
     kill_during_commit(sys.argv[2])
-    run(TrainConfig(**json.loads(sys.argv[1])))
+    run(make_config(json.loads(sys.argv[1])))
     print("FINISHED without being killed", flush=True)

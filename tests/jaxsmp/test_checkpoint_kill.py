@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jaxsmp.checkpoint import CheckpointManager
 from jaxsmp.cli import TrainConfig, run
+from jaxsmp.cli.config import flat
 
 WORKER = Path(__file__).with_name("checkpoint_kill_worker.py")
 CFG = TrainConfig(preset="tiny", batch_size=8, seq_len=32, steps=6, eval_every=0,
@@ -22,7 +23,7 @@ def test_killed_save_keeps_previous_checkpoint_and_run_resumes(tmp_path):
     directory = tmp_path / "ckpt"
     cfg = dataclasses.replace(CFG, checkpoint_dir=str(directory))
     proc = subprocess.run(
-        [sys.executable, str(WORKER), json.dumps(dataclasses.asdict(cfg)), "4"],
+        [sys.executable, str(WORKER), json.dumps(flat(cfg)), "4"],
         capture_output=True, text=True, timeout=600)  # same XLA flags: bitwise equal runs
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr[-3000:]
     assert "KILLING during commit" in proc.stdout

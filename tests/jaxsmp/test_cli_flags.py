@@ -1,22 +1,26 @@
 """Training settings: flags over a TOML file over the script's defaults, and every bad
 value rejected at parse time with its name, before any device work."""
+import dataclasses
+
 import pytest
 
+from jaxsmp import StepOptions
 from jaxsmp.cli import ConfigError, TrainConfig, parse_args
+from jaxsmp.cli.config import NOT_FLAGS, SETTINGS
 from jaxsmp.cli.entry import main
 
 
 def test_flags_override_the_config_file_which_overrides_the_scripts_defaults(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('[model]\nmodel = "llama"\n[step]\nsteps = 5\nlr = 1e-3\n')
+    path.write_text('[model]\nmodel = "llama"\n[train]\nsteps = 5\nlr = 1e-3\n')
     cfg = parse_args(["--config", str(path), "--steps", "7"], model="bloom")
     assert (cfg.model, cfg.steps, cfg.lr) == ("llama", 7, 1e-3)
     assert parse_args([], model="bloom").model == "bloom"
 
 
 def test_clipping_can_be_switched_off_on_the_command_line():
-    assert parse_args(["--clip-norm", "none"]).clip_norm is None
-    assert parse_args(["--clip-norm", "0.5"]).clip_norm == 0.5
+    assert parse_args(["--clip-norm", "none"]).step.clip_norm is None
+    assert parse_args(["--clip-norm", "0.5"]).step.clip_norm == 0.5
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -25,7 +29,7 @@ def test_clipping_can_be_switched_off_on_the_command_line():
     (["--clip-norm", "0"], "clip_norm must be a positive number, got 0.0 .*none"),
     (["--clip-norm", "-1"], "clip_norm must be a positive number, got -1.0"),
     (["--collectives", "fast"], "unknown collectives 'fast'; valid: a2a, ffi, .*auto"),
-    (["--precision", "fp8"], "unknown precision 'fp8'; valid: bf16, fp16, fp32"),
+    (["--precision", "fp4"], "unknown precision 'fp4'; valid: bf16, fp16, "),
     (["--remat", "some"], "unknown remat 'some'; valid: none, full"),
     (["--attention", "flash"], "unknown attention 'flash'; valid: auto"),
     (["--pipeline", "zb"], "unknown pipeline 'zb'; valid: simple"),
@@ -63,3 +67,33 @@ def test_a_flag_of_the_wrong_type_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--steps", "many"])
     assert "--steps takes int, got 'many'" in capsys.readouterr().err
+
+
+def test_the_step_section_is_the_steps_own_options():
+    cfg = parse_args(["--remat", "full", "--microbatches", "2", "--no-bucket", "--prefetch"])
+    assert cfg.step == StepOptions(remat="full", microbatches=2, bucket=False, prefetch=True)
+    assert parse_args(["--prefetch", "off"]).step.prefetch is False
+    assert parse_args(["--prefetch", "auto"]).step.prefetch is None
+    assert parse_args([]).step == StepOptions()
+
+
+def test_every_step_option_is_a_flag_unless_the_mesh_sets_it():
+    exposed = {n for n, s in SETTINGS.items() if s.section == "step"}
+    options = {f.name for f in dataclasses.fields(StepOptions)}
+    assert options - exposed == set(NOT_FLAGS), \
+        "a new StepOptions field needs a flag: add it to STEP_HELP in jaxsmp/cli/config.py"
+
+
+def test_batches_read_ahead_is_its_own_setting_not_the_layer_prefetch():
+    cfg = parse_args(["--read-ahead", "0"])
+    assert cfg.read_ahead == 0 and cfg.step.prefetch is None
+    with pytest.raises(ConfigError, match="read_ahead must be >= 0, got -1"):
+        parse_args(["--read-ahead", "-1"])
+
+
+def test_a_bad_step_option_is_rejected_in_the_trainers_words(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--prefetch", "maybe"])
+    assert "--prefetch takes bool or auto, got 'maybe'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="microbatches must be >= 1, got 0"):
+        parse_args(["--microbatches", "0"])

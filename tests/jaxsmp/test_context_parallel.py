@@ -220,7 +220,8 @@ def test_the_trainer_runs_a_long_sequence_over_cp_and_its_loss_falls():
     # as `examples/train_gpt_neox.py --seq-len 2048 --cp 8 --remat full`: one sequence of
     # 2048 tokens (beyond the tiny preset's 512 positions) split over 8 devices
     from jaxsmp.cli import TrainConfig, run
-    history = run(TrainConfig(seq_len=2048, cp=8, batch_size=1, steps=8, remat="full",
+    history = run(TrainConfig(seq_len=2048, cp=8, batch_size=1, steps=8,
+                              step=jaxsmp.StepOptions(remat="full"),
                               lr=1e-2, warmup=1, eval_every=0, progress=False))
     assert history.losses[-1] < history.losses[0] - 0.5, history.losses
 
