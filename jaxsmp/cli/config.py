@@ -102,6 +102,8 @@ STEP_HELP = {
                          "split over tp on the sequence (needs --tp > 1)",
     "pipeline": "pipeline schedule when pp > 1: simple (GPipe), interleaved (1F1B), virtual",
     "virtual_chunks": "layer chunks per pipeline stage for --pipeline virtual",
+    "pipeline_partition": "layers per pipeline stage: auto (balanced on compiled costs), "
+                          "equal, or one count per stage, e.g. 6,10",
     "context_parallel": "how attention spans the cp devices: ulysses (all-to-all over heads), "
                         "ring, or auto (on GPUs ulysses where the heads divide, else ring)",
 }

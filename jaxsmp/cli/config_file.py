@@ -34,6 +34,8 @@ def _value(name: str, value, path: str):
     s = SETTINGS[name]
     if type(None) in s.kinds and isinstance(value, str) and value.lower() == s.none_word:
         return None
+    if isinstance(value, list) and tuple in s.kinds:
+        return tuple(value)
     if isinstance(value, (dict, list)):
         raise ConfigError(f"{path}: {section_of(name)}.{name} must be a single value, "
                           f"got {value!r}")
@@ -84,6 +86,8 @@ def _toml_value(value, none_word: str = "none") -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string
+    if isinstance(value, tuple):
+        return json.dumps(list(value))
     return repr(value)
 
 

@@ -18,12 +18,15 @@ def _converter(s: Setting):
     """argparse ``type=`` for a setting: its scalar type; ``none`` for optional ones."""
     scalar = int if int in s.kinds else float if float in s.kinds else \
         bool if bool in s.kinds else str
-    takes = scalar.__name__ + (f" or {s.none_word}" if type(None) in s.kinds else "")
+    takes = scalar.__name__ + (f" or {s.none_word}" if type(None) in s.kinds else "") \
+        + (" or comma-separated ints" if tuple in s.kinds else "")
 
     def convert(text: str):
         if type(None) in s.kinds and text.lower() == s.none_word:
             return None
         try:
+            if tuple in s.kinds and "," in text:
+                return tuple(int(c) for c in text.split(","))
             return _BOOLS[text.lower()] if scalar is bool else scalar(text)
         except (KeyError, ValueError):
             raise argparse.ArgumentTypeError(f"{s.flag} takes {takes}, got {text!r}") from None

@@ -20,7 +20,8 @@ class ConfigError(ValueError):
     """A training setting (flag, config-file key or value) is invalid."""
 
 
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "None": type(None)}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "None": type(None),
+          "tuple[int, ...]": tuple}
 
 CHOICES = {
     "model": tuple(sorted(FAMILIES)),

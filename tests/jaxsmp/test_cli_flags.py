@@ -97,3 +97,16 @@ def test_a_bad_step_option_is_rejected_in_the_trainers_words(capsys):
     assert "--prefetch takes bool or auto, got 'maybe'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="microbatches must be >= 1, got 0"):
         parse_args(["--microbatches", "0"])
+
+
+def test_a_pipeline_partition_is_a_word_or_layer_counts(tmp_path):
+    if "pipeline_partition" not in SETTINGS:
+        pytest.skip("StepOptions has no pipeline_partition in this tree")
+    assert parse_args(["--pipeline-partition", "equal"]).step.pipeline_partition == "equal"
+    assert parse_args(["--pipeline-partition", "1,3"]).step.pipeline_partition == (1, 3)
+    path = tmp_path / "run.toml"
+    path.write_text("[step]\npipeline_partition = [1, 3]\n")
+    cfg = parse_args(["--config", str(path)])
+    assert cfg.step.pipeline_partition == (1, 3)
+    with pytest.raises(ConfigError, match="pipeline_partition must be 'auto', 'equal' or"):
+        parse_args(["--pipeline-partition", "0,4"])
