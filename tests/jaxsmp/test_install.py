@@ -1,12 +1,14 @@
 """What pyproject.toml declares: GPU extras that name the CUDA plugin of the installed
 jax's version, and the supported jax/flax/optax range, stated once and in step with the
 README."""
+import re
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -41,3 +43,14 @@ def test_the_test_extra_pins_the_cuda12_plugin_of_the_installed_jax():
     assert len(pins) == 1
     if pins[0].marker.evaluate():
         assert str(pins[0].specifier) == f"=={JAX}"
+def supported() -> dict[str, SpecifierSet]:
+    """The dependencies' bounds of jax, flax and optax."""
+    found = {Requirement(r).name: Requirement(r).specifier for r in PROJECT["dependencies"]}
+    return {name: found[name] for name in ("jax", "flax", "optax")}
+
+
+def test_the_readme_states_the_supported_range_of_pyproject():
+    readme = (ROOT / "README.md").read_text()
+    stated = {n: SpecifierSet(s) for n, s in re.findall(r"`(jax|flax|optax)(>=[^`]+)`", readme)}
+    assert stated == supported()
+    assert stated["jax"].contains(JAX)
