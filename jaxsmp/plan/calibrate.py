@@ -3,10 +3,13 @@
 For a few shapes per family the step is compiled with XLA:GPU for 8 GPUs (deviceless,
 :mod:`jaxsmp.plan.gpu_target`) at two depths; the roofline over each program
 (:mod:`jaxsmp.plan.compiled_time`) gives its memory-bound seconds (kernels that are
-neither GEMMs nor fused attention, launches included). Those are fitted by least
-squares as ``layer x E + outside x O``, with ``E`` and ``O`` the analytic model's
-unscaled layer traffic and head + optimizer traffic
-(:func:`jaxsmp.plan.throughput.memory_bound`) of the same configurations.
+neither GEMMs nor fused attention, launches included). Those are fitted by
+non-negative least squares (relative errors) as ``layer x A + weights x W + outside x
+O``, with ``A``, ``W`` and ``O`` the analytic model's unscaled activation traffic,
+weight traffic and head + optimizer traffic
+(:func:`jaxsmp.plan.throughput.memory_bound`) of the same configurations; the two
+shapes of a family differ in width and in tokens per microbatch, so activation and
+weight traffic can be told apart.
 
     python -m jaxsmp.plan.calibrate [--family llama] [--gpu A100-80GB]
 
@@ -15,22 +18,24 @@ Prints the scales to paste into ``calibration.py``; takes a few minutes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 
 import numpy as np
 
-# family: (preset, overrides) of the shapes compiled; all with sdp=8, remat full
+# family: (preset, overrides, microbatch size) of the shapes compiled, each with 16
+# sequences of 2048 tokens on sdp=8, remat full
 SHAPES = {
-    "gpt_neox": [("1.3b", {}), ("6.9b", {})],
-    "bloom": [("1b7", {}), ("7b1", {})],
-    "llama": [("7b", {}), ("13b", {"num_key_value_heads": 8})],
+    "gpt_neox": [("1.3b", {}, 1), ("6.9b", {}, 2)],
+    "bloom": [("1b7", {}, 1), ("7b1", {}, 2)],
+    "llama": [("7b", {}, 1), ("13b", {"num_key_value_heads": 8}, 2)],
 }
 DEPTHS = (4, 8)   # XLA unrolls the shortest scans, which changes the fusions
-SEQ, BATCH, MICROBATCHES = 2048, 16, 2
+SEQ, BATCH = 2048, 16
 
 
-def measurements(family: str, gpu: str) -> list[tuple[float, float, float]]:
-    """(compiled memory-bound s, analytic layer s, analytic outside s) per compile."""
+def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
+    """(compiled memory-bound s, analytic activation, weight, outside s) per compile."""
     import jaxsmp
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
@@ -40,30 +45,38 @@ def measurements(family: str, gpu: str) -> list[tuple[float, float, float]]:
     from jaxsmp.plan.throughput import memory_bound
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
-    candidate = Candidate(1, 8, 1, 1, BATCH // 8 // MICROBATCHES, MICROBATCHES, "full")
     rows = []
-    for name, overrides in SHAPES[family]:
+    for name, overrides, mbs in SHAPES[family]:
+        candidate = Candidate(1, 8, 1, 1, mbs, BATCH // 8 // mbs, "full")
         for depth in DEPTHS:
             field = "n_layer" if family == "bloom" else "num_hidden_layers"
             config = jaxsmp.models.preset(family, name, **overrides, **{field: depth})
             compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
             kernels = compiled_time(compiled, target.node.gpu, "bf16", target).kernels
-            layer, outside = memory_bound(Workload(config, SEQ), candidate, target)
-            rows.append((kernels.memory + kernels.launch, layer, outside))
-            print(f"  {family} {name} x{depth}: compiled {rows[-1][0]:.4f} s, analytic "
-                  f"layers {layer:.4f} s + outside {outside:.4f} s", flush=True)
+            parts = memory_bound(Workload(config, SEQ), candidate, target)
+            rows.append((kernels.memory + kernels.launch, *parts))
+            print(f"  {family} {name} x{depth} mbs {mbs}: compiled {rows[-1][0]:.4f} s; "
+                  f"analytic activations {parts[0]:.4f} s, weights {parts[1]:.4f} s, "
+                  f"outside {parts[2]:.4f} s", flush=True)
     return rows
 
 
-def fit(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """Least-squares (layer, outside) scales of the rows, relative errors weighed equally."""
+def fit(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
+    """Non-negative least-squares scales of the rows' analytic parts, relative errors
+    weighed equally (every subset of the parts tried; the best feasible one kept)."""
     compiled = np.array([r[0] for r in rows])
-    basis = np.array([[r[1], r[2]] for r in rows]) / compiled[:, None]
-    (layer, outside), *_ = np.linalg.lstsq(basis, np.ones(len(rows)), rcond=None)
-    if outside < 0:   # no negative time: the layers explain it all
-        outside, layer = 0.0, float(np.linalg.lstsq(basis[:, :1], np.ones(len(rows)),
-                                                    rcond=None)[0][0])
-    return float(layer), float(outside)
+    basis = np.array([r[1:] for r in rows]) / compiled[:, None]
+    best, best_residual = np.zeros(basis.shape[1]), float("inf")
+    for subset in itertools.product((False, True), repeat=basis.shape[1]):
+        columns = [i for i, used in enumerate(subset) if used]
+        if not columns:
+            continue
+        scales, *_ = np.linalg.lstsq(basis[:, columns], np.ones(len(rows)), rcond=None)
+        residual = float(np.sum((basis[:, columns] @ scales - 1) ** 2))
+        if (scales >= 0).all() and residual < best_residual:
+            best, best_residual = np.zeros(basis.shape[1]), residual
+            best[columns] = scales
+    return tuple(float(s) for s in best)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,8 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     for family in args.family:
-        layer, outside = fit(measurements(family, args.gpu))
-        print(f'    "{family}": MemoryScale({layer:.3f}, {outside:.3f}),', flush=True)
+        scales = fit(measurements(family, args.gpu))
+        print(f'    "{family}": MemoryScale({", ".join(f"{s:.3f}" for s in scales)}),',
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ Two kinds, from two scripts:
   charges for memory-bound work (everything not a GEMM or fused attention: norms,
   rotary, activations, residuals, casts, the loss, the optimizer), over what the
   analytic model charges for it. ``layer`` scales a layer's activation traffic,
-  ``outside`` the head, loss and optimizer. Nothing published enters these.
+  ``weights`` its gathered weights' traffic per microbatch (copies, transposes, float32
+  gradient conversions), ``outside`` the head, loss and optimizer. Nothing published
+  enters these.
 - **Fitted to published runs** (``python bench/plan_vs_published.py --fit``, on the
   runs that script marks ``fit``; the others are held out): ``matmul`` and
   ``attention`` multiply each GPU's published achievable rates (Bekman's MAMF,
@@ -42,8 +44,10 @@ class Fitted:
 
 @dataclass(frozen=True)
 class MemoryScale:
-    """Compiled over analytic memory-bound seconds: per layer, and outside the layers."""
+    """Compiled over analytic memory-bound seconds: a layer's activation traffic, its
+    weight traffic (per microbatch), and the head, loss and optimizer outside the layers."""
     layer: float
+    weights: float
     outside: float
 
 
@@ -51,9 +55,9 @@ class MemoryScale:
 FITTED = Fitted(matmul=1.0, attention=1.0, overlap=1.0)
 # python -m jaxsmp.plan.calibrate (XLA:GPU deviceless, jax 0.10.2, A100-80GB target)
 MEMORY_SCALE: dict[str, MemoryScale] = {
-    "gpt_neox": MemoryScale(1.0, 1.0),
-    "bloom": MemoryScale(1.0, 1.0),
-    "llama": MemoryScale(1.0, 1.0),
+    "gpt_neox": MemoryScale(1.0, 1.0, 1.0),
+    "bloom": MemoryScale(1.0, 1.0, 1.0),
+    "llama": MemoryScale(1.0, 1.0, 1.0),
 }
 
 
@@ -62,5 +66,5 @@ def memory_scale(family: str | None) -> MemoryScale:
     if family in MEMORY_SCALE:
         return MEMORY_SCALE[family]
     n = len(MEMORY_SCALE)
-    return MemoryScale(sum(s.layer for s in MEMORY_SCALE.values()) / n,
-                       sum(s.outside for s in MEMORY_SCALE.values()) / n)
+    return MemoryScale(*(sum(getattr(s, f) for s in MEMORY_SCALE.values()) / n
+                         for f in ("layer", "weights", "outside")))

@@ -109,8 +109,10 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
     attention = causal_flops / (rate * gpu.attention_efficiency * fitted.attention)
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
+    weights = _weights(w, c, cluster, split) * w.memory_scale.weights
     forward = matmul + attention + elementwise
-    backward = 2 * matmul + ATTENTION_BACKWARD * attention + (ELEMENTWISE_PASSES - 1) * elementwise
+    backward = (2 * matmul + ATTENTION_BACKWARD * attention
+                + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
     recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
@@ -207,6 +209,14 @@ def _elementwise(w: Workload, c: Candidate, cluster: Cluster, split: int) -> flo
     return moved / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
 
 
+def _weights(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
+    """Unscaled seconds of moving one layer's gathered weights once in float32 (the
+    compiled step copies, transposes and converts them and their gradients per
+    microbatch)."""
+    gathered = w.shards(c.mesh_shape).layer_gathered * c.tp / split
+    return 4 * gathered / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
+
+
 def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
     """Unscaled seconds of moving one microbatch's float32 logits 4 times."""
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
@@ -220,14 +230,17 @@ def _optimizer(w: Workload, c: Candidate, cluster: Cluster) -> float:
             / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
 
 
-def memory_bound(w: Workload, c: Candidate, cluster: Cluster) -> tuple[float, float]:
+def memory_bound(w: Workload, c: Candidate,
+                 cluster: Cluster) -> tuple[float, float, float]:
     """Unscaled seconds of one step's memory-bound work on one device, pp = 1: (the
-    layers' activation traffic, the head's logits and the optimizer), the two parts
-    :mod:`jaxsmp.plan.calibrate` scales to the compiled program."""
-    split = c.tp
+    layers' activation traffic, their weight traffic, the head's logits and the
+    optimizer), the three parts :mod:`jaxsmp.plan.calibrate` scales to the compiled
+    program."""
     passes = ELEMENTWISE_PASSES + (c.remat != "none")
-    layers = c.microbatches * w.layers * passes * _elementwise(w, c, cluster, split)
-    return layers, c.microbatches * _head_memory(w, c, cluster) + _optimizer(w, c, cluster)
+    per_layer = c.microbatches * w.layers
+    return (per_layer * passes * _elementwise(w, c, cluster, c.tp),
+            per_layer * _weights(w, c, cluster, c.tp),
+            c.microbatches * _head_memory(w, c, cluster) + _optimizer(w, c, cluster))
 
 
 def _bubble(c: Candidate) -> float:

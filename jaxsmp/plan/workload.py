@@ -153,7 +153,7 @@ class Workload:
         from jaxsmp.hf.config import CONFIG_TYPES
         return CONFIG_TYPES.get(type(self.config))
 
-    @functools.cached_property
+    @property
     def memory_scale(self) -> MemoryScale:
         """Compiled over analytic memory-bound time of this family (calibration)."""
         return memory_scale(self.family)

@@ -92,12 +92,13 @@ def test_the_families_memory_scale_multiplies_the_memory_bound_work(monkeypatch)
     c = Candidate(1, 128, 1, 1, 8, 1, "full")
     old = calibration.MEMORY_SCALE["gpt_neox"]
     base = estimate_time(W, c, P4D)
-    layers, outside = memory_bound(W, c, P4D)
-    monkeypatch.setitem(calibration.MEMORY_SCALE, "gpt_neox", calibration.MemoryScale(2.0, 3.0))
+    layers, weights, outside = memory_bound(W, c, P4D)
+    new = calibration.MemoryScale(2.0, 5.0, 3.0)
+    monkeypatch.setitem(calibration.MEMORY_SCALE, "gpt_neox", new)
     scaled = estimate_time(W, c, P4D)
     extra = (scaled.compute + scaled.optimizer) - (base.compute + base.optimizer)
-    assert extra == pytest.approx((2.0 - old.layer) * layers + (3.0 - old.outside) * outside,
-                                  rel=1e-6)
+    assert extra == pytest.approx((new.layer - old.layer) * layers + (new.weights - old.weights)
+                                  * weights + (new.outside - old.outside) * outside, rel=1e-6)
 
 
 def test_a_fitted_constant_out_of_range_is_refused():
