@@ -1,0 +1,85 @@
+"""FP8 on 8 H100s, compiled deviceless on this host: cuBLASLt FP8 GEMMs per layer and
+the step's temporaries against bf16 (issue 25, items 3 and 5).
+
+Two settings the compile needs, both about compiling without a GPU:
+
+* the target config gets a CUDA runtime version (``runtime_version``): without one
+  XLA takes the toolkit to be 0.0.0, and its GEMM rewriter only emits FP8 cuBLASLt
+  calls from CUDA 12 on (the shipped H100 config has none);
+* Triton GEMMs are off (``xla_gpu_enable_triton_gemm=False``): with them XLA fuses
+  the float8 -> bf16 converts into a Triton bf16 GEMM; on a GPU its autotuner would
+  time both, deviceless it takes Triton's without timing.
+
+    python bench/fp8_compile.py [--layers 2] [--seq 2048] [--mesh sdp=8 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import jax
+import numpy as np
+import optax
+from jax.experimental import topologies
+
+import jaxsmp
+from jaxsmp.checkpoint import abstract_state
+from jaxsmp.losses import causal_lm_loss
+from jaxsmp.plan import gpu_target
+
+FP8_GEMM = "__cublas$lt$matmul$f8"
+CUDA_RUNTIME = "runtime_version { major: 12 minor: 8 }"
+OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+MiB = 2 ** 20
+
+
+def topology(gpu: str = "H100-SXM", gpus: int = 8) -> list:
+    """Abstract devices of ``gpus`` GPUs whose config names a CUDA 12 runtime."""
+    config = gpu_target.target_config(gpu) + "\n" + CUDA_RUNTIME + "\n"
+    return list(topologies.get_topology_desc(platform="cuda", topology=f"1x1x{gpus}",
+                                             target_config=config).devices)
+
+
+def compile_step(config, degrees: dict, precision: str, *, gpu: str = "H100-SXM",
+                 batch: int = 8, seq: int = 256, **options):
+    """The train step of ``config`` compiled for ``gpu`` x 8 on mesh ``degrees``."""
+    mesh = jaxsmp.Mesh(**degrees, devices=topology(gpu))
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
+    step = jaxsmp.step(causal_lm_loss, precision=precision, **options)
+    with gpu_target.compiling_for(gpu), jax.set_mesh(mesh.jax_mesh):
+        return step.lower(state, tokens).compile(compiler_options=OPTIONS)
+
+
+def count_fp8_gemms(compiled) -> int:
+    return len(re.findall(r'custom_call_target="' + re.escape(FP8_GEMM) + '"',
+                          compiled.as_text()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--mesh", nargs="+", default=["sdp=8", "sdp=4,tp=2"])
+    parser.add_argument("--remat", default="full")
+    args = parser.parse_args(argv)
+    print("| model | mesh | fp8 GEMMs | per layer | bf16 temporaries MiB | fp8 temporaries "
+          "MiB | fp8 / bf16 |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for family, preset in (("gpt_neox", "125m"), ("llama", "7b")):
+        config = jaxsmp.models.preset(family, preset, num_hidden_layers=args.layers,
+                                      attention_impl="cudnn")
+        for mesh in args.mesh:
+            degrees = {k: int(v) for k, v in (p.split("=") for p in mesh.split(","))}
+            out = {p: compile_step(config, degrees, p, seq=args.seq, remat=args.remat)
+                   for p in ("bf16", "fp8")}
+            temp = {p: c.memory_analysis().temp_size_in_bytes / MiB for p, c in out.items()}
+            gemms = count_fp8_gemms(out["fp8"])
+            print(f"| {family} {preset} x{args.layers} | {mesh} | {gemms} | "
+                  f"{gemms / args.layers:g} | {temp['bf16']:.0f} | {temp['fp8']:.0f} | "
+                  f"{temp['fp8'] / temp['bf16']:.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
