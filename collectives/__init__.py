@@ -10,11 +10,12 @@ from collectives.api import ALGORITHMS, all_gather, axis_topology, reduce_scatte
 from collectives.auto import choose, decide, explain
 from collectives.bucketing import all_gather_tree, reduce_scatter_tree
 from collectives.cost_model import CostModel, cross_host_bytes
+from collectives.layout import axis_names
 from collectives.context import Scope, scope
 from collectives.topology import Topology
 
 __all__ = [
     "ALGORITHMS", "CostModel", "Scope", "Topology", "all_gather", "all_gather_tree",
-    "axis_topology", "choose", "cross_host_bytes", "decide", "explain", "reduce_scatter",
+    "axis_names", "axis_topology", "choose", "cross_host_bytes", "decide", "explain", "reduce_scatter",
     "reduce_scatter_tree", "scope",
 ]

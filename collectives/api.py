@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 
 from collectives import a2a, auto, hierarchical, ring, xla
-from collectives.layout import AxisName, axis_size
+from collectives.layout import AxisName, axis_names, axis_size
 from collectives.context import current
 from collectives.topology import Topology
 
@@ -50,10 +50,6 @@ def _lookup(algorithm: str) -> tuple[Collective, Collective]:
         ) from None
 
 
-def _names(axis_name: AxisName) -> tuple[str, ...]:
-    return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-
-
 def axis_topology(axis_name: AxisName, topology: Topology | None = None) -> Topology:
     """Topology of the ranks of ``axis_name`` (inside shard_map): hosts x ranks per host.
 
@@ -62,7 +58,7 @@ def axis_topology(axis_name: AxisName, topology: Topology | None = None) -> Topo
     the axis filling a host first. Only speed depends on it, never results.
     """
     p = axis_size(axis_name)
-    names = _names(axis_name)
+    names = axis_names(axis_name)
     mesh = current().mesh
     if topology is None and mesh is not None and set(names) <= set(mesh.axis_names):
         return _mesh_axis_topology(mesh, names)
@@ -79,7 +75,7 @@ def _resolve(algorithm: str, op: str, nbytes: int, topo: Topology, axis_name: Ax
     if algorithm != "auto":
         return algorithm
     from collectives.ffi.mpi_env import usable
-    ffi_ok, _ = usable(current().mesh, _names(axis_name))
+    ffi_ok, _ = usable(current().mesh, axis_names(axis_name))
     return auto.choose(nbytes, topo, op=op, ffi=ffi_ok)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collectives.cost_model import MODELED, CostModel, cross_host_bytes, topology_key
+from collectives.layout import axis_names
 from collectives.profile import default_model
 from collectives.topology import Topology
 
@@ -65,8 +66,7 @@ def explain(nbytes: int, topo: Topology | None = None, model: CostModel | None =
     choice with its reason. With ``mesh`` and ``axis_name``: the topology of that axis and
     whether ``ffi`` can run over it (and why not)."""
     from collectives.ffi.mpi_env import usable
-    names = None if axis_name is None else ((axis_name,) if isinstance(axis_name, str)
-                                            else tuple(axis_name))
+    names = None if axis_name is None else axis_names(axis_name)
     if topo is None:
         if mesh is None or names is None:
             raise ValueError("explain needs a topology, or a mesh and an axis_name")

@@ -11,6 +11,13 @@ import jax.numpy as jnp
 AxisName = str | tuple[str, ...]
 
 
+def axis_names(axis_name: AxisName | None) -> tuple[str, ...]:
+    """A mesh axis, several, or None (no axis) as a tuple of axis names."""
+    if axis_name is None:
+        return ()
+    return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
 def axis_size(axis_name: AxisName) -> int:
     """Static number of ranks along ``axis_name`` (a mesh axis or tuple of axes)."""
     return int(jax.lax.axis_size(axis_name))

@@ -9,6 +9,8 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from collectives.layout import axis_names
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -43,7 +45,7 @@ class Topology:
     def for_mesh_axis(cls, mesh: jax.sharding.Mesh, axis_name: str | tuple[str, ...]) -> "Topology":
         """Topology of the ranks along ``axis_name`` of ``mesh`` (same for every slice of the
         other axes). Ranks that are not laid out host-contiguously count as one host each."""
-        names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+        names = axis_names(axis_name)
         others = [n for n in mesh.axis_names if n not in names]
         order = [mesh.axis_names.index(n) for n in others + list(names)]
         p = math.prod(mesh.shape[n] for n in names)

@@ -26,7 +26,7 @@ from collectives.differentiable import transpose_pair
 from collectives.ffi import build, callsite
 from collectives.ffi.groups import AxisGroups, axis_groups, split_rounds
 from collectives.hierarchical import gather_two_level, scatter_two_level
-from collectives.layout import AxisName, axis_size
+from collectives.layout import AxisName, axis_names, axis_size
 
 DEFAULT_TIMEOUT = 300.0  # seconds a collective waits for its peers
 
@@ -169,8 +169,7 @@ def _varying(out: jax.Array, x: jax.Array, axis_name: AxisName | None) -> jax.Ar
     """Type a result as varying over the axis (and whatever ``x`` varies over) inside
     shard_map, as XLA's own collectives' results are."""
     names = _varying_axes(x)
-    if axis_name is not None:
-        names |= {axis_name} if isinstance(axis_name, str) else set(axis_name)
+    names |= set(axis_names(axis_name))
     missing = tuple(sorted(names - _varying_axes(out)))
     return jax.lax.pcast(out, missing, to="varying") if missing else out
 
@@ -227,17 +226,13 @@ def _world_where(axis_name: AxisName | None) -> jax.Array:
     return jnp.stack([jnp.int32(-1), jax.lax.axis_index(axis_name).astype(jnp.int32)])
 
 
-def _names(axis_name: AxisName) -> tuple[str, ...]:
-    return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-
-
 def _all_gather(x: jax.Array, axis_name: AxisName | None, axis: int, mesh) -> jax.Array:
     if mesh is None or axis_name is None:
         lead = jnp.moveaxis(x, axis, 0)
         rows = world_size() * lead.shape[0]
         out = _exchange(ALL_GATHER, lead, rows, _world_where(axis_name), axis_name)
         return jnp.moveaxis(out, 0, axis)
-    groups, base = groups_for(mesh, _names(axis_name))
+    groups, base = groups_for(mesh, axis_names(axis_name))
     if groups.processes == 1:  # the whole group is in this process
         return xla.all_gather(x, axis_name, axis)
 
@@ -261,7 +256,7 @@ def _reduce_scatter(x: jax.Array, axis_name: AxisName | None, axis: int, mesh) -
                              f"{world_size()} ranks")
         out = _exchange(REDUCE_SCATTER, lead, rows, _world_where(axis_name), axis_name)
         return jnp.moveaxis(out, 0, axis)
-    groups, base = groups_for(mesh, _names(axis_name))
+    groups, base = groups_for(mesh, axis_names(axis_name))
     if groups.processes == 1:
         return xla.reduce_scatter(x, axis_name, axis)
 

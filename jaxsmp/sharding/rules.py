@@ -15,6 +15,8 @@ from typing import Mapping, Sequence
 
 from jax.sharding import PartitionSpec as P
 
+from collectives import axis_names
+
 MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
 
@@ -28,12 +30,6 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "head_dim": None,
     "norm": None,
 }
-
-
-def _as_tuple(axes: MeshAxes) -> tuple[str, ...]:
-    if axes is None:
-        return ()
-    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 def _check_divides(name: str, logical: str, size: int, axes: tuple[str, ...],
@@ -83,7 +79,7 @@ def resolve_spec(name: str, logical_axes: Sequence[str | None], shape: Sequence[
         if logical is not None and logical not in rules:
             raise ValueError(f"parameter {name!r}: logical axis {logical!r} has no rule; "
                              f"known: {sorted(rules)}")
-        axes = tuple(a for a in _as_tuple(rules.get(logical)) if a not in used
+        axes = tuple(a for a in axis_names(rules.get(logical)) if a not in used
                      and mesh_shape.get(a, 1) > 1)
         _check_divides(name, logical, size, axes, mesh_shape)
         used.update(axes)

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from collectives import axis_names
+
 from jaxsmp.nn.param import is_var, logical_axes
 
 
@@ -62,8 +64,7 @@ def _whole_over_cp(var: nnx.Variable) -> jax.Array:
         return value
 
     def keep(dim):
-        names = (dim,) if isinstance(dim, str) else tuple(dim or ())
-        kept = tuple(a for a in names if a != "cp" and a not in mesh.manual_axes)
+        kept = tuple(a for a in axis_names(dim) if a != "cp" and a not in mesh.manual_axes)
         return kept[0] if len(kept) == 1 else (kept or None)
     spec = P(*[keep(d) for d in var.get_metadata()["mesh_axes"]])
     return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, spec))

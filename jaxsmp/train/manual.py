@@ -25,8 +25,7 @@ from jaxsmp.train.param_gather import mesh_axes, sdp_dim
 def manual_spec(axes: tuple, manual: tuple[str, ...]) -> P:
     """The ``shard_map`` spec of an array split over mesh ``axes``: only its ``manual`` axes."""
     def keep(dim):
-        names = (dim,) if isinstance(dim, str) else (dim or ())
-        kept = tuple(a for a in names if a in manual)
+        kept = tuple(a for a in collectives.axis_names(dim) if a in manual)
         return kept[0] if len(kept) == 1 else (kept or None)
     return P(*[keep(d) for d in axes])
 

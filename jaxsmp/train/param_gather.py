@@ -40,14 +40,10 @@ def mesh_axes(variable: nnx.Variable) -> tuple:
     return variable.get_metadata()["mesh_axes"]
 
 
-def _names(dim) -> tuple[str, ...]:
-    return (dim,) if isinstance(dim, str) else tuple(dim or ())
-
-
 def _sdp_dim(axes: tuple, ndim: int) -> int | None:
     offset = len(axes) - ndim  # 1 for a layer sliced out of a stack
     for i, dim in enumerate(axes[offset:]):
-        if "sdp" in _names(dim):
+        if "sdp" in collectives.axis_names(dim):
             return i
     return None
 
@@ -65,9 +61,9 @@ def tp_spec(variable: nnx.Variable) -> P | None:
     axes = mesh_axes(variable)
     axes = axes[len(axes) - variable[...].ndim:]
     dim = sdp_dim(variable)
-    if dim is not None and "tp" in _names(axes[dim]):
+    if dim is not None and "tp" in collectives.axis_names(axes[dim]):
         return None
-    return P(*["tp" if "tp" in _names(d) else None for d in axes])
+    return P(*["tp" if "tp" in collectives.axis_names(d) else None for d in axes])
 
 
 def _over_tp(fn: Callable, in_specs, out_specs: list[P | None]) -> Callable:
@@ -124,7 +120,7 @@ def _bucketable(var: nnx.Variable, dtype) -> bool:
     """Small, and not split over tp (a flat view would need the whole tp group's data)."""
     value = var[...]
     gathered = value.size * jax.lax.axis_size("sdp") * jnp.dtype(dtype).itemsize
-    return gathered <= BUCKET_MAX_BYTES and not any("tp" in _names(d) for d in mesh_axes(var))
+    return gathered <= BUCKET_MAX_BYTES and not any("tp" in collectives.axis_names(d) for d in mesh_axes(var))
 
 
 def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], list[list[int]]]:
