@@ -4,17 +4,21 @@ import pytest
 
 pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
 
-from jaxsmp.plan import Candidate, gpu_preflight  # noqa: E402
+from jaxsmp.plan import Candidate, cluster, gpu_preflight  # noqa: E402
 from jaxsmp.plan.memory import FRAMEWORK_BYTES  # noqa: E402
 
 
 def test_a_64_gpu_mesh_compiles_without_simulated_devices():
     result = gpu_preflight("gpt_neox:125m", Candidate(2, 32, 1, 1, 1, 1, "full", "bf16"),
-                           1024, "H100-SXM")
+                           1024, "H100-SXM", cluster=cluster("p5.48xlarge", 8))
     assert result.candidate.world == 64 and result.fits
+    # the step's time from the compiled program beside the analytic model's
+    assert result.time.kernels.matmul > 0 and result.time.collectives > 0
+    assert result.predicted_time.total > 0
     assert result.compiled.arguments == pytest.approx(result.predicted.arguments, rel=0.05)
     summary = result.summary()
     assert "64 x H100-SXM" in summary and ": fits" in summary
+    assert "roofline over XLA:GPU's program" in summary and "analytic model" in summary
     assert result.total == result.compiled.peak + FRAMEWORK_BYTES
 
 
