@@ -54,24 +54,33 @@ pre-flight compiles and compares. ``PLAIN_GSPMD`` is a plain GSPMD step
 gather and compute whole layers).
 
 Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
-memory-bound work (the layer's activations moved once; the backward moves them three
-times), backward = 2 x matmuls + 2.5 x attention; recomputation adds a forward (``full``)
-or attention and memory-bound work (``save_matmuls``, ``offload``), and jaxsmp's 1F1B
-recomputes each stage. sdp gathers (compute dtype) and reduce-scatters (float32, as
-jaxsmp does) per layer and microbatch use the cost model's best algorithm on the sdp
-group's topology (sharing the host's network with the other groups of the host); with
-prefetch they hide behind the layer's compute, else they add. Megatron TP adds two
-all-reduces per layer pass; pipelines add one send per microbatch and chunk boundary and
-the schedule simulator's bubble; dp adds one float32 all-reduce of the gradient shards
-per step; AdamW moves 32 B per local parameter. Model TFLOP/s use
+memory-bound work, backward = 2 x matmuls + 2.5 x attention + 3 x the forward's
+memory-bound work + the gathered weights' traffic; recomputation adds a forward
+(``full``) or attention and memory-bound work (``save_matmuls``, ``offload``), and
+jaxsmp's 1F1B recomputes each stage. Matmuls run at the achievable fraction above times
+a fitted constant, attention at its rate times another; memory-bound work (activation
+traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter) moves at
+85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
+program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
+``hlo_cost`` and ``compiled_time`` are that roofline, which the GPU pre-flight prints
+beside the analytic model). sdp gathers (compute dtype) and reduce-scatters (float32) per
+layer and microbatch use the cost model's best algorithm on the sdp group's topology
+(sharing the host's network with the other groups of the host), plus a launch cost per
+collective call; with prefetch they hide behind a fitted share (``overlap``) of the
+compute beside them, and the first gather and last reduce-scatter of each microbatch
+have nothing to hide behind; else they add. Megatron TP adds two all-reduces per layer
+pass; pipelines add one send per microbatch and chunk boundary and the schedule
+simulator's bubble; dp adds one float32 all-reduce of the gradient shards per step. The
+three fitted constants come from ``bench/plan_vs_published.py --fit`` on a third of the
+published runs it lists; it reports the error on the others. Model TFLOP/s use
 :func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
 divides by the data-sheet peak.
 
-What it leaves out: kernel launch and host overheads, contention between overlapped
-collectives and compute, stragglers, data loading, and the efficiency of any particular
-framework beyond the kernels above: predictions are those of an implementation running
-at those kernel speeds (MosaicML's FSDP runs reach them: 53-56% MFU on A100, see
-``bench/plan_vs_published.py``), and older published runs are slower.
+What it leaves out: kernel launches in the analytic model (the compiled estimate has
+them; small models are launch-bound), contention between overlapped collectives and
+compute beyond the fitted overlap, stragglers, data loading. No GPU measurement of
+jaxsmp itself exists yet: the fitted constants describe the published frameworks'
+runs, and a jaxsmp measurement should become the first calibration point.
 """
 from __future__ import annotations
 

@@ -7,9 +7,10 @@ neither GEMMs nor fused attention, launches included). Those are fitted by
 non-negative least squares (relative errors) as ``layer x A + weights x W + outside x
 O``, with ``A``, ``W`` and ``O`` the analytic model's unscaled activation traffic,
 weight traffic and head + optimizer traffic
-(:func:`jaxsmp.plan.throughput.memory_bound`) of the same configurations; the two
-shapes of a family differ in width and in tokens per microbatch, so activation and
-weight traffic can be told apart.
+(:func:`jaxsmp.plan.throughput.memory_bound`) of the same configurations. Per step,
+activation traffic grows with tokens x width and weight traffic with microbatches x
+width squared, so a family's shapes differ in width and, at one width, in microbatch
+size (else the two are collinear).
 
     python -m jaxsmp.plan.calibrate [--family llama] [--gpu A100-80GB]
 
@@ -26,9 +27,10 @@ import numpy as np
 # family: (preset, overrides, microbatch size) of the shapes compiled, each with 16
 # sequences of 2048 tokens on sdp=8, remat full
 SHAPES = {
-    "gpt_neox": [("1.3b", {}, 1), ("6.9b", {}, 2)],
-    "bloom": [("1b7", {}, 1), ("7b1", {}, 2)],
-    "llama": [("7b", {}, 1), ("13b", {"num_key_value_heads": 8}, 2)],
+    "gpt_neox": [("1.3b", {}, 1), ("6.9b", {}, 1), ("6.9b", {}, 2)],
+    "bloom": [("1b7", {}, 1), ("7b1", {}, 1), ("7b1", {}, 2)],
+    "llama": [("7b", {}, 1), ("13b", {"num_key_value_heads": 8}, 1),
+              ("13b", {"num_key_value_heads": 8}, 2)],
 }
 DEPTHS = (4, 8)   # XLA unrolls the shortest scans, which changes the fusions
 SEQ, BATCH = 2048, 16

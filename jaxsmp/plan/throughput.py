@@ -272,7 +272,6 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     tokens = c.microbatch_size * w.seq_len // c.cp
     sends = 2 * c.virtual_chunks * _send(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
-    gpu = cluster.node.gpu
     return StepTime(
         compute=m * layers * compute * branchless + m * _head(w, c, cluster, fitted),
         sdp=m * (layers * exposed * branchless + edges + top),

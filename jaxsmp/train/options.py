@@ -15,6 +15,17 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_partition(value) -> None:
+    """``auto``, ``equal`` or a tuple of positive layer counts (checked against the
+    model and mesh when the step sees them)."""
+    if value in ("auto", "equal"):
+        return
+    if not (isinstance(value, tuple) and value and all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in value)):
+        raise ValueError(f"pipeline_partition must be 'auto', 'equal' or a tuple of "
+                         f"positive layer counts, one per pipeline stage; got {value!r}")
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
@@ -33,7 +44,10 @@ class StepOptions:
     (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
     pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
     stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
-    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`). ``context_parallel``
+    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`), and
+    ``pipeline_partition`` how many layers each stage holds: ``auto`` (balanced on the
+    model's compiled layer and head costs, :mod:`jaxsmp.train.stage_costs`), ``equal``
+    or one count per stage (per virtual stage with ``virtual``). ``context_parallel``
     (needs cp > 1 when not ``auto``): how attention reaches the other ``cp`` devices'
     tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`)."""
     microbatches: int = 1
@@ -47,12 +61,14 @@ class StepOptions:
     sequence_parallel: bool = False
     pipeline: str = "simple"
     virtual_chunks: int = 2
+    pipeline_partition: str | tuple[int, ...] = "auto"
     context_parallel: str = "auto"
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.pipeline!r}; valid: {SCHEDULES}")
         _positive_int("virtual_chunks", self.virtual_chunks)
+        _check_partition(self.pipeline_partition)
         _positive_int("microbatches", self.microbatches)
         precision_policy(self.precision)
         _positive_int("fp8_history", self.fp8_history)
