@@ -32,7 +32,7 @@ def over_context(scan: Callable, mesh: jax.sharding.Mesh, cp: int,
     # partitioner aborts on their gathers of arrays split over cp and tp (jax 0.10.2)
     split_outside = mesh.shape["tp"] == 1
 
-    def run(apply, h, params, args):
+    def run(apply, h, params, args, **kw):
         def place(x):
             if not _per_token(x, h):
                 return x
@@ -43,6 +43,6 @@ def over_context(scan: Callable, mesh: jax.sharding.Mesh, cp: int,
         def layer(w, x, layer_args):
             return split_sequence(apply(w, split_sequence(x, mesh, axes), layer_args),
                                   mesh, axes)
-        out = unbalance(scan(layer, place(h), params, jax.tree.map(place, args)), cp)
+        out = unbalance(scan(layer, place(h), params, jax.tree.map(place, args), **kw), cp)
         return split_sequence(out, mesh, axes) if split_outside else out
     return run

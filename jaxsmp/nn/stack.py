@@ -60,5 +60,5 @@ class Stack(nnx.Module):
             return run(x, params, args)
         # the schedule's ticks reuse the stage's layers: fp8 amax observations (the
         # histories' cotangents) combine by maximum over them, not by sum
-        return ctx.run_stages(lambda h, p, a: run(h, plain_float(p), a), x,
+        return ctx.run_stages(lambda h, p, a, *active: run(h, plain_float(p), a, *active), x,
                               max_accumulating(params), args)

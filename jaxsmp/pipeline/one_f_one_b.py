@@ -134,8 +134,9 @@ class _OneFOneB:
     """The 1F1B schedule of one step on this stage: recorded stack, tables, tick ops."""
 
     def __init__(self, forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
-                 stages: int, microbatches: int, axis: str, branchless: bool):
-        self.forward, self.batch, self.coef = forward, batch, coef
+                 stages: int, microbatches: int, axis: str, branchless: bool,
+                 active: tuple[tuple[int, ...], ...] | None = None):
+        self.forward, self.batch, self.coef, self.active = forward, batch, coef, active
         self.p, self.m, self.axis, self.branchless = stages, microbatches, axis, branchless
         record = _RecordStack()
         forward(params, batch, record)  # the layer function, the stack's structure, args
@@ -170,7 +171,11 @@ class _OneFOneB:
         return jax.tree.map(lambda a: a[j], self.mbatches)
 
     def _stage(self, layers: Any, h: jax.Array, j) -> jax.Array:
-        return self.run(h, layers, pick(self.margs, self.per_example, j))
+        """This stage's layers on microbatch ``j`` (only its first ``active`` slots)."""
+        args = pick(self.margs, self.per_example, j)
+        if self.active is None:
+            return self.run(h, layers, args)
+        return self.run(h, layers, args, jnp.asarray(self.active, jnp.int32)[self.stage, 0])
 
     def _head(self, j, y: jax.Array):
         """(gradients through the head, output cotangent, loss, metrics) of microbatch j."""
@@ -253,11 +258,13 @@ class _OneFOneB:
 
 
 def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
-              stages: int, microbatches: int, axis: str = "pp", branchless: bool = False):
+              stages: int, microbatches: int, axis: str = "pp", branchless: bool = False,
+              active: tuple[tuple[int, ...], ...] | None = None):
     """(gradients of ``coef * mean microbatch loss``, mean loss, mean metrics) on this
     stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
     is the user's loss with ``hook`` installed as the stack's stage runner. With
     ``branchless`` (tensor parallelism) every stage computes forward, backward and
-    head each tick and keeps the one its table names."""
+    head each tick and keeps the one its table names. ``active``: layers each stage
+    runs (``[stage][0]``) when stages are padded to equal slot counts."""
     return _OneFOneB(forward, params, batch, coef, stages=stages, microbatches=microbatches,
-                     axis=axis, branchless=branchless).gradients(params)
+                     axis=axis, branchless=branchless, active=active).gradients(params)

@@ -7,9 +7,9 @@ first stage and the head to the last. The split is the contiguous one that
 minimises the largest stage time (``optimize="speed"``) or stage memory
 (``optimize="memory"``); ``manual`` layer counts override it.
 
-Planning only: the SPMD runner (:mod:`jaxsmp.pipeline.runner`) executes equal
-splits of a homogeneous :class:`~jaxsmp.nn.Stack` (the ``layers -> pp`` rule);
-unequal splits would need padding stages to equal layer counts, which is not built.
+The step runs such splits (``pipeline_partition``): :func:`balanced_counts` is the
+split of ``pipeline_partition="auto"`` and :mod:`jaxsmp.pipeline.layout` pads stages
+to equal slot counts.
 """
 from __future__ import annotations
 
@@ -33,7 +33,13 @@ class LayerCost:
 
     def time(self, flops_per_s: float, bytes_per_s: float) -> float:
         """Roofline estimate in seconds."""
-        return max(self.flops / flops_per_s, self.bytes_accessed / bytes_per_s)
+        return roofline_seconds(self.flops, self.bytes_accessed, flops_per_s, bytes_per_s)
+
+
+def roofline_seconds(flops: float, bytes_accessed: float, flops_per_s: float,
+                     bytes_per_s: float) -> float:
+    """Time of work bound by compute or by memory traffic, whichever is slower."""
+    return max(flops / flops_per_s, bytes_accessed / bytes_per_s)
 
 
 def _nbytes(tree: Any) -> int:
@@ -108,6 +114,26 @@ def _bounds(loads: Sequence[float], stages: int) -> tuple[int, ...]:
         counts.append(i - cut[s, i])
         i = cut[s, i]
     return tuple(int(c) for c in reversed(counts))
+
+
+def balanced_counts(loads: Sequence[float], parts: int, *, first: float = 0.0,
+                    last: float = 0.0, tolerance: float = 0.02) -> tuple[int, ...]:
+    """Layers per part of the contiguous split of ``loads`` (one per layer; ``first``
+    and ``last`` added to the first and last part) minimising the largest part. The
+    equal split is kept unless the best is more than ``tolerance`` faster."""
+    if not 1 <= parts <= len(loads):
+        raise ValueError(f"cannot split {len(loads)} layers into {parts} pipeline stages "
+                         f"(each needs at least one layer)")
+    charged = list(loads)
+    charged[0] += first
+    charged[-1] += last
+    best = _bounds(charged, parts)
+    if len(loads) % parts == 0:
+        equal = (len(loads) // parts,) * parts
+        if max(_stage_sums(charged, equal)) <= (1 + tolerance) * max(
+                _stage_sums(charged, best)):
+            return equal
+    return best
 
 
 def _check_manual(manual: Sequence[int], layers: int, stages: int) -> tuple[int, ...]:

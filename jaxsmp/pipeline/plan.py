@@ -14,11 +14,10 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxsmp.pipeline import one_f_one_b
-from jaxsmp.pipeline.layout import inverse, permute_stacked, virtual_layer_order
+from jaxsmp.pipeline.layout import StageLayout, check_counts, equal_counts
 from jaxsmp.pipeline.microbatch import split_microbatches
 from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
@@ -37,12 +36,15 @@ def _positive(name: str, value) -> None:
 class PipelinePlan:
     """``stages`` = the mesh's ``pp``; ``schedule``: ``simple``, ``interleaved`` (1F1B)
     or ``virtual`` (``virtual_chunks`` per stage; Megatron calls this "interleaved");
-    ``num_layers``: the stack's depth (None: checked when the stack is seen)."""
+    ``num_layers``: the stack's depth (None: checked when the stack is seen);
+    ``partition``: ``"equal"`` or layers per virtual stage (``pp x chunks`` counts,
+    chunk ``c`` of stage ``s`` being virtual stage ``c * pp + s``)."""
     stages: int = 1
     schedule: str = "simple"
     microbatches: int = 1
     virtual_chunks: int = 2
     num_layers: int | None = None
+    partition: str | tuple[int, ...] = "equal"
     axis: str = "pp"
 
     def __post_init__(self) -> None:
@@ -53,31 +55,47 @@ class PipelinePlan:
         if self.stages > 1:
             check_microbatches(self.schedule, self.stages, self.microbatches)
             if self.num_layers is not None:
-                self.layer_order()  # raises if the layers do not split into the chunks
+                self.layout()  # raises if the layers do not split into the stages
+        elif self.partition != "equal":
+            raise ValueError(f"pipeline_partition={self.partition!r} splits layers over "
+                             f"pipeline stages, but the mesh has pp=1; use pp > 1")
 
     @property
     def chunks(self) -> int:
         return self.virtual_chunks if self.stages > 1 and self.schedule == "virtual" else 1
 
-    def layer_order(self) -> np.ndarray | None:
-        """The permutation of the stacked layers the stages run (None: stored order)."""
-        if self.chunks == 1 or self.num_layers is None:
+    def layout(self) -> StageLayout | None:
+        """Which layers each stage runs (None: no pipeline, or the depth is unknown)."""
+        if self.stages == 1 or self.num_layers is None:
             return None
-        return virtual_layer_order(self.num_layers, self.stages, self.chunks)
+        if self.partition == "equal":
+            counts = equal_counts(self.num_layers, self.stages, self.chunks)
+        else:
+            counts = check_counts(self.partition, self.num_layers, self.stages, self.chunks)
+        return StageLayout(counts, self.stages, self.chunks)
+
+    def active(self) -> tuple[tuple[int, ...], ...] | None:
+        """``[stage][chunk]`` layers run when stages are padded (None: all slots run)."""
+        layout = self.layout()
+        if layout is None or not layout.padded:
+            return None
+        return tuple(tuple(int(n) for n in row) for row in layout.active())
 
     def to_stages(self, params: nnx.State) -> nnx.State:
-        order = self.layer_order()
-        return params if order is None else permute_stacked(params, params, order)
+        layout = self.layout()
+        return params if layout is None else layout.to_stages(params)
 
     def from_stages(self, grads: nnx.State, params: nnx.State) -> nnx.State:
-        order = self.layer_order()
-        return grads if order is None else permute_stacked(grads, params, inverse(order))
+        layout = self.layout()
+        return grads if layout is None else layout.from_stages(grads, params)
 
-    def runner(self) -> StageRunner | None:
-        """The stage runner of the autodiff schedules (None: no pipeline, or 1F1B)."""
-        if self.stages == 1 or self.schedule == "interleaved":
+    def runner(self, evaluate: bool = False) -> StageRunner | None:
+        """The stage runner of the autodiff schedules (None: no pipeline, or 1F1B when
+        training; evaluation runs 1F1B's layout through GPipe's forward)."""
+        if self.stages == 1 or (self.schedule == "interleaved" and not evaluate):
             return None
-        return StageRunner(self.stages, self.microbatches, self.chunks, self.axis)
+        return StageRunner(self.stages, self.microbatches, self.chunks, self.axis,
+                           self.active())
 
     def gradients(self, forward: Forward, params: nnx.State, batch: Any, coef: jax.Array,
                   *, branchless: bool = False):
@@ -87,7 +105,7 @@ class PipelinePlan:
             return one_f_one_b.gradients(forward, params, batch, coef / self.microbatches,
                                          stages=self.stages,
                                          microbatches=self.microbatches, axis=self.axis,
-                                         branchless=branchless)
+                                         branchless=branchless, active=self.active())
         runner = self.runner()
         m = 1 if runner else self.microbatches  # a pipeline splits inside the stack
 
@@ -103,6 +121,6 @@ class PipelinePlan:
         return grads, losses.mean(), jax.tree.map(jnp.mean, metrics)
 
     def evaluate(self, forward: Forward, params: nnx.State, batch: Any):
-        """(loss, metrics) of a forward pass over the stored layer order (GPipe)."""
-        runner = None if self.stages == 1 else StageRunner(self.stages, self.microbatches)
-        return forward(params, batch, runner)
+        """(loss, metrics) of a forward pass; ``params`` in the stage layout
+        (:meth:`to_stages`), run by GPipe's forward (circular for ``virtual``)."""
+        return forward(params, batch, self.runner(evaluate=True))

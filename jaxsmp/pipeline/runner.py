@@ -11,6 +11,9 @@ ppermutes: the ``simple`` (GPipe) and ``virtual`` (circular GPipe) schedules of
 :mod:`jaxsmp.pipeline.schedule`. Off-schedule ticks compute on placeholder data
 whose results never reach the output (SPMD: every rank runs the same program).
 
+With an unequal :class:`~jaxsmp.pipeline.layout.StageLayout` each chunk runs only its
+first ``active`` layer slots (``run(h, params, args, active)``); the rest are padding.
+
 Per-microbatch arguments of the stack (``layer(x, *args)``) are those whose leading
 dimension equals ``x``'s batch; they are split like ``x``. Others are passed whole.
 """
@@ -27,18 +30,21 @@ from jaxsmp.pipeline.microbatch import pick, split_args, split_microbatches
 from jaxsmp.pipeline.stages import from_stage
 from jaxsmp.pipeline.vma import vary, varying
 
-RunLayers = Callable[[jax.Array, Any, Sequence[Any]], jax.Array]
+# run(h, layer_params, args, active=None): the local layers (the first ``active`` slots)
+RunLayers = Callable[..., jax.Array]
 
 
 @dataclass(frozen=True)
 class StageRunner:
     """``runner(run, x, params, args)``: ``run(h, layer_params, args)`` applies the
     given local layers; the result is the whole stack's output on every stage. The
-    autodiff schedules only (``simple``, ``virtual``); validated by the plan."""
+    autodiff schedules only (``simple``, ``virtual``); validated by the plan.
+    ``active``: ``[stages, chunks]`` layers each chunk runs (None: all its slots)."""
     stages: int
     microbatches: int
     chunks: int = 1
     axis: str = "pp"
+    active: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def ticks(self) -> int:
@@ -49,6 +55,12 @@ class StageRunner:
             return params
         n = jax.tree.leaves(params)[0].shape[0] // self.chunks
         return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, chunk * n, n, 0), params)
+
+    def _active(self, stage: jax.Array, chunk: jax.Array) -> tuple:
+        """``run``'s ``active`` argument: none when every slot runs."""
+        if self.active is None:
+            return ()
+        return (jnp.asarray(self.active, jnp.int32)[stage, chunk],)
 
     def _fresh(self, xs, t, state, ring):
         """(stage 0's input at tick ``t``, the updated ring of returning microbatches)."""
@@ -82,7 +94,8 @@ class StageRunner:
             item = jnp.clip(t - stage, 0, m * v - 1)
             inp = jnp.where(stage == 0, fresh, state)
             out = vary(run(inp, self._chunk(params, item // m),
-                           pick(margs, per_example, jnp.mod(item, m))), axes)
+                           pick(margs, per_example, jnp.mod(item, m)),
+                           *self._active(stage, item // m)), axes)
             return (lax.ppermute(out, self.axis, perm), ring), out
 
         zeros = vary(jnp.zeros_like(xs[0]), axes)

@@ -7,8 +7,11 @@ from jax import lax
 
 
 def varying(x) -> frozenset:
-    """The manual mesh axes ``x`` varies over."""
-    aval = jax.typeof(x)  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
+    """The manual mesh axes ``x`` (a value or its abstract value) varies over."""
+    try:  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
+        aval = jax.typeof(x)
+    except TypeError:  # already an abstract value (e.g. a jaxpr's output)
+        aval = x
     vma = getattr(aval, "vma", None)
     return frozenset(vma if vma is not None else getattr(aval.mat, "varying", ()))
 

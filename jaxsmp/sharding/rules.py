@@ -21,7 +21,9 @@ MeshAxes = str | tuple[str, ...] | None
 Rules = Mapping[str, MeshAxes]
 
 DEFAULT_RULES: dict[str, MeshAxes] = {
-    "layers": "pp",      # the stacked-layer axis: each pipeline stage a contiguous block
+    # the stacked-layer axis: each pipeline stage a contiguous block; a layer count pp
+    # does not divide (unequal stages) is kept whole on every stage
+    "layers": "pp",
     "embed": "sdp",      # model width: ZeRO-3 shards it
     "heads": "tp",       # fused q/k/v heads x head_dim: column-parallel
     "kv_heads": "tp",    # grouped key/value heads
@@ -81,6 +83,8 @@ def resolve_spec(name: str, logical_axes: Sequence[str | None], shape: Sequence[
                              f"known: {sorted(rules)}")
         axes = tuple(a for a in axis_names(rules.get(logical)) if a not in used
                      and mesh_shape.get(a, 1) > 1)
+        if logical == "layers" and size % math.prod(mesh_shape[a] for a in axes):
+            axes = ()  # unequal pipeline stages: every stage stores the whole stack
         _check_divides(name, logical, size, axes, mesh_shape)
         used.update(axes)
         dims.append(axes)

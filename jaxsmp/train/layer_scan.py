@@ -20,16 +20,24 @@ gathered weights (FSDP's reshard-after-forward); the remat policies still apply 
 what the VJP saves. Memory cost of prefetching: one more gathered layer in the forward,
 one more gathered layer and one full float32 layer gradient in the backward.
 ``prefetch=False`` gathers and reduce-scatters in the iteration that needs them.
+
+With ``active`` (a pipeline stage's padding slots, :mod:`jaxsmp.pipeline.layout`) only
+the first ``active`` layers compute; the others pass their input on and get a zero
+gradient. Their gathers and reduce-scatters still run, outside the branch: devices of
+different stages take different branches, and XLA:CPU deadlocks on collectives inside
+such a branch. With ``branchless`` (``tp > 1``, whose GSPMD collectives sit inside the
+layer) a padding slot computes the layer and discards it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsmp.nn.remat import remat
+from jaxsmp.pipeline import vma
 
 # apply(layer_params, h, args) -> h for one layer with its full (gathered) parameters
 Apply = Callable[[Any, jax.Array, Sequence[Any]], jax.Array]
@@ -82,26 +90,57 @@ class _Layer:
         return out
 
 
+class _Skip(NamedTuple):
+    """Which layers run: the first ``active`` (None: all); ``branchless``: by select."""
+    active: jax.Array | None = None
+    branchless: bool = False
+
+    def __call__(self, i, run: Callable, identity: Callable):
+        """``run()`` for layer ``i`` if it is active, else ``identity()`` (same shapes)."""
+        if self.active is None:
+            return run()
+        if self.branchless:
+            out, skipped = run(), identity()
+            return jax.tree.map(lambda a, b: jnp.where(i < self.active, a, b), out, skipped)
+        # both branches' outputs vary over the same manual axes (shard_map's types)
+        axes = [a | b for a, b in zip(*(map(vma.varying, jax.make_jaxpr(f)().out_avals)
+                                        for f in (run, identity)))]
+
+        def typed(f):
+            def branch():
+                flat, tree = jax.tree.flatten(f())
+                return jax.tree.unflatten(tree, [vma.vary(x, a) for x, a in zip(flat, axes)])
+            return branch
+        return jax.lax.cond(i < self.active, typed(run), typed(identity))
+
+
+def _zeros(shapes: Any) -> Any:
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
 def _forward(layer: _Layer, gather: Callable, shards: Any, h: jax.Array, args: Sequence[Any],
-             n: int, prefetch: bool, keep: bool):
+             n: int, prefetch: bool, keep: bool, skip: _Skip = _Skip()):
     """(output, residuals stacked over the layers) of the layers in order. With
     ``prefetch`` the last iteration's prefetch is spare (one gather): peeling the last
     layer off the loop instead would copy every residual into one stack."""
-    if keep:
-        def step(w, h):
-            return layer.forward(w, h, args)
-    else:
-        def step(w, h):
-            return layer.apply(w, h, args), []
+    def run(w, h):
+        return layer.forward(w, h, args) if keep else (layer.apply(w, h, args), [])
+
+    def step(w, h, i):
+        if skip.active is None:
+            return run(w, h)
+        res = jax.eval_shape(run, w, h)[1]
+        return skip(i, lambda: run(w, h), lambda: (h, _zeros(res)))
     if not prefetch:
-        def body(h, shard):
-            return step(gather(shard), h)
-        return jax.lax.scan(body, h, shards)
+        def body(h, xs):
+            shard, i = xs
+            return step(gather(shard), h, i)
+        return jax.lax.scan(body, h, (shards, jnp.arange(n)))
 
     def body(carry, i):  # the next layer's gather does not wait for this layer
         h, w = carry
         w_next = gather(_index(shards, (i + 1) % n))  # the last iteration's is spare
-        h, res = step(w, h)
+        h, res = step(w, h, i)
         return (h, w_next), res
 
     # indices, not slices of the stacks: a slice would be copied whole before the loop
@@ -109,30 +148,41 @@ def _forward(layer: _Layer, gather: Callable, shards: Any, h: jax.Array, args: S
     return h, res
 
 
+def _layer_backward(layer: _Layer, skip: _Skip, i, w, r, dy, fargs: list):
+    """Layer ``i``'s backward; a skipped layer's is the identity with zero gradients."""
+    run = lambda: layer.backward(w, r, dy)  # noqa: E731
+    if skip.active is None:
+        return run()
+    return skip(i, run, lambda: (_zeros(jax.eval_shape(lambda: w)), dy,
+                                 [jnp.zeros_like(a) for a in fargs]))
+
+
 def _backward(layer: _Layer, gather: Callable, scatter: Callable, shards: Any, res: Any,
-              fargs: list, dy: jax.Array, n: int, prefetch: bool):
+              fargs: list, dy: jax.Array, n: int, prefetch: bool, skip: _Skip = _Skip()):
     """(stacked shard gradients, input cotangent, float-argument cotangents)."""
     zeros = [jnp.zeros_like(a) for a in fargs]
     add = lambda a, b: [x + y for x, y in zip(a, b)]  # noqa: E731
+    back = lambda i, w, r, dy: _layer_backward(layer, skip, i, w, r, dy, fargs)  # noqa: E731
     if not prefetch:
         def body(carry, xs):
             dy, dargs = carry
-            shard, r = xs
-            dw, dy, da = layer.backward(gather(shard), r, dy)
+            shard, r, i = xs
+            dw, dy, da = back(i, gather(shard), r, dy)
             return (dy, add(dargs, da)), scatter(dw, shard)
-        (dy, dargs), grads = jax.lax.scan(body, (dy, zeros), (shards, res), reverse=True)
+        (dy, dargs), grads = jax.lax.scan(body, (dy, zeros), (shards, res, jnp.arange(n)),
+                                          reverse=True)
         return grads, dy, dargs
-    return _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add)
+    return _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add)
 
 
-def _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add):
+def _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add):
     """Layer ``i``'s backward while ``W[i-1]`` is gathered and layer ``i+1``'s gradient
     reduce-scattered. The last layer runs before the scan (nothing to reduce-scatter
     yet), layer 0's reduce-scatter after it; the scan's layer 0 prefetches a spare
     gather, which keeps the loop branch-free. Residuals and shards are indexed, never
     sliced (XLA would copy a slice of a stack before the loop)."""
     w = gather(_index(shards, n - 1))
-    pending, dy, dargs = layer.backward(w, _index(res, n - 1), dy)
+    pending, dy, dargs = back(n - 1, w, _index(res, n - 1), dy)
     if n == 1:
         return jax.tree.map(lambda g: g[None], scatter(pending, _index(shards, 0))), dy, dargs
     w_prev = gather(_index(shards, n - 2))
@@ -142,7 +192,7 @@ def _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add):
         r = _index(res, i)
         w_below = gather(_index(shards, jnp.maximum(i - 1, 0)))
         done = scatter(pending, _index(shards, i + 1))  # layer i+1's, independent of layer i
-        dw, dy, da = layer.backward(w, r, dy)
+        dw, dy, da = back(i, w, r, dy)
         return (dy, add(dargs, da), w_below, dw), done
 
     (dy, dargs, _, pending), above = jax.lax.scan(
@@ -154,26 +204,31 @@ def _pipelined_backward(layer, gather, scatter, shards, res, dy, n, zeros, add):
 
 def zero3_scan(apply: Apply, h: jax.Array, shards: Any, args: Sequence[Any], *,
                gather: Callable[[Any], Any], scatter: Callable[[Any, Any], Any],
-               remat: str = "none", prefetch: bool = True) -> jax.Array:
+               remat: str = "none", prefetch: bool = True, active: jax.Array | None = None,
+               branchless: bool = False) -> jax.Array:
     """``apply`` over the stacked local layer shards ``shards`` (leading axis: layers):
     ``gather(shard)`` gives one layer's full parameters, ``scatter(grads, shard)`` their
-    gradients reduced to the shard (see the module docstring)."""
+    gradients reduced to the shard; only the first ``active`` layers compute (see the
+    module docstring)."""
     layer = _Layer(apply, remat, args)
     n = jax.tree.leaves(shards)[0].shape[0]
 
-    @jax.custom_vjp
-    def scan(shards, h, args):
-        return _forward(layer, gather, shards, h, args, n, prefetch, keep=False)[0]
+    @jax.custom_vjp  # ``active`` an argument: a custom VJP must not close over tracers
+    def scan(shards, h, args, active):
+        return _forward(layer, gather, shards, h, args, n, prefetch, keep=False,
+                        skip=_Skip(active, branchless))[0]
 
-    def forward(shards, h, args):
-        out, res = _forward(layer, gather, shards, h, args, n, prefetch, keep=True)
-        return out, (shards, res, args)
+    def forward(shards, h, args, active):
+        out, res = _forward(layer, gather, shards, h, args, n, prefetch, keep=True,
+                            skip=_Skip(active, branchless))
+        return out, (shards, res, args, active)
 
     def backward(saved, dy):
-        shards, res, args = saved
+        shards, res, args, active = saved
         grads, dh, dargs = _backward(layer, gather, scatter, shards, res,
-                                     layer.float_args(args), dy, n, prefetch)
-        return grads, dh, layer.arg_cotangents(args, dargs)
+                                     layer.float_args(args), dy, n, prefetch,
+                                     _Skip(active, branchless))
+        return grads, dh, layer.arg_cotangents(args, dargs), None
 
     scan.defvjp(forward, backward)
-    return scan(shards, h, list(args))
+    return scan(shards, h, list(args), active)

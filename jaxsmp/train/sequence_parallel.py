@@ -26,8 +26,8 @@ def shard_sequence(h: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
 def over_sequence(scan: Callable, mesh: jax.sharding.Mesh) -> Callable:
     """``scan`` (a layer scan, ``scan(apply, h, params, args)``) with every layer's input
     and output split over ``tp`` on the sequence."""
-    def run(apply, h, params, args):
+    def run(apply, h, params, args, **kw):
         def layer(w, x, layer_args):
             return shard_sequence(apply(w, shard_sequence(x, mesh), layer_args), mesh)
-        return scan(layer, shard_sequence(h, mesh), params, args)
+        return scan(layer, shard_sequence(h, mesh), params, args, **kw)
     return run

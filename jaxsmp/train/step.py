@@ -26,19 +26,22 @@ from jax.sharding import PartitionSpec as P
 from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import check_offloads
 from jaxsmp.nn.stack import is_stacked
+from jaxsmp.pipeline.layout import check_enough
 from jaxsmp.pipeline.plan import PipelinePlan
 from jaxsmp.train import manual
 from jaxsmp.train.batch import place_batch
 from jaxsmp.train.forward import LossFn, local_forward
-from jaxsmp.train import fp8_state
+from jaxsmp.train import fp8_state, stage_costs
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
 from jaxsmp.train.update import apply_gradients
 
 
-def _plan(state: TrainState, options: StepOptions) -> PipelinePlan:
-    """The pipeline plan; settings the mesh cannot serve fail here, before compiling."""
+def _plan(state: TrainState, options: StepOptions, partition: Any = None) -> PipelinePlan:
+    """The pipeline plan; settings the mesh cannot serve fail here, before compiling.
+    ``partition``: the resolved ``pipeline_partition`` (None: the option's; ``auto``'s
+    split is only known when the step is traced, so its layout is not checked)."""
     if options.sequence_parallel and state.mesh.tp == 1:
         raise ValueError("sequence_parallel=True splits activations over tp, but the mesh "
                          "has tp=1; use a mesh with tp > 1 or sequence_parallel=False")
@@ -48,11 +51,22 @@ def _plan(state: TrainState, options: StepOptions) -> PipelinePlan:
     if state.mesh.cp > 1 and state.mesh.pp > 1:
         raise ValueError(f"context parallelism (cp={state.mesh.cp}) with pipeline parallelism "
                          f"(pp={state.mesh.pp}) is not supported yet; use pp=1 or cp=1")
-    stacked = [v for v in jax.tree.leaves(state.params, is_leaf=is_var) if is_stacked(v)]
-    return PipelinePlan(stages=state.mesh.pp, schedule=options.pipeline,
+    num_layers = _num_layers(state)
+    partition = options.pipeline_partition if partition is None else partition
+    auto = partition == "auto" and state.mesh.pp > 1  # the split needs the batch's shapes
+    plan = PipelinePlan(stages=state.mesh.pp, schedule=options.pipeline,
                         microbatches=options.microbatches,
                         virtual_chunks=options.virtual_chunks,
-                        num_layers=stacked[0].shape[0] if stacked else None)
+                        num_layers=None if auto else num_layers,
+                        partition="equal" if partition == "auto" else partition)
+    if auto and num_layers is not None:
+        check_enough(num_layers, plan.stages, plan.chunks)
+    return plan
+
+
+def _num_layers(state: TrainState) -> int | None:
+    stacked = [v for v in jax.tree.leaves(state.params, is_leaf=is_var) if is_stacked(v)]
+    return stacked[0].shape[0] if stacked else None
 
 
 def _vocab_size(state: TrainState) -> int | None:
@@ -78,6 +92,30 @@ class _Step:
 
     def _place(self, state: TrainState, batch: Any, microbatches: int) -> Any:
         return place_batch(batch, state.mesh, microbatches, _vocab_size(state))
+
+    def _resolved_plan(self, state: TrainState, batch: Any) -> PipelinePlan:
+        """The plan, ``pipeline_partition="auto"`` resolved for ``batch``'s shapes."""
+        return _plan(state, self.options, self.pipeline_partition(state, batch))
+
+    def pipeline_partition(self, state: TrainState, batch: Any) -> str | tuple[int, ...]:
+        """The layers per (virtual) pipeline stage this step runs on ``batch`` (placed
+        or not; arrays or shapes): ``"equal"`` or the counts, ``auto`` resolved from
+        compiled costs (:mod:`jaxsmp.train.stage_costs`)."""
+        partition, layers = self.options.pipeline_partition, _num_layers(state)
+        if partition != "auto" or state.mesh.pp == 1 or layers is None:
+            return partition if partition != "auto" else "equal"
+        rows = jax.tree.leaves(batch)[0].shape[0] // (state.mesh.data_size *
+                                                      self.options.microbatches)
+        micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype),
+                             batch)
+        chunks = _plan(state, self.options).chunks
+        key = (jax.tree.structure(state), str(jax.tree.map(jnp.shape, (state.params, micro))))
+        cache = self.__dict__.setdefault("_partitions", {})
+        if key not in cache:
+            counts = stage_costs.auto_partition(self.fn, state, self.options, micro, layers,
+                                                chunks)
+            cache[key] = "equal" if len(set(counts)) == 1 else counts
+        return cache[key]
 
     def _with_fp8(self, state: TrainState) -> TrainState:
         """With ``precision="fp8"``: checked, and amax histories added if missing."""
@@ -111,7 +149,7 @@ class TrainStep(_Step):
 
     def _gradients(self, state: TrainState, batch: Any):
         """(float32 gradients of the mean loss, sharded like the parameters; loss; metrics)."""
-        mesh, plan = state.mesh, _plan(state, self.options)
+        mesh, plan = state.mesh, self._resolved_plan(state, batch)
         forward = self._forward(state)
         dynamic = precision_policy(self.options.precision).loss_scaling
         scale = state.loss_scale.scale if dynamic else jnp.float32(1.0)
@@ -126,10 +164,11 @@ class TrainStep(_Step):
             return (manual.sum_over_replicas(grads, mesh),
                     *manual.mean_over_data((loss, metrics), mesh))
 
-        specs = manual.param_specs(state.params, mesh)
+        staged = plan.to_stages(state.params)
+        specs = manual.param_specs(staged, mesh)
         grads, loss, metrics = manual.shard_map(
             body, mesh, in_specs=(specs, manual.batch_specs(batch, mesh), P()),
-            out_specs=(specs, P(), P()))(plan.to_stages(state.params), batch, scale)
+            out_specs=(specs, P(), P()))(staged, batch, scale)
         grads = plan.from_stages(grads, state.params)
         if dynamic:
             grads = jax.tree.map(lambda g: g / scale, grads)
@@ -149,6 +188,7 @@ class TrainStep(_Step):
         _plan(state, self.options)  # bad pipeline settings fail before compiling
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
+        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
         jitted = self._jitted(state)
         if self.options.remat == "offload" and jitted._cache_size() == 0:
             check_offloads(jitted.lower(state, batch).compile().as_text())
@@ -161,6 +201,7 @@ class TrainStep(_Step):
         _plan(state, self.options)
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
+        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
         return self._jitted(state, gradients_only=True)(state, batch)
 
     def lower(self, state: TrainState, batch: Any, platforms: tuple[str, ...] | None = None):
@@ -171,34 +212,40 @@ class TrainStep(_Step):
         _plan(state, self.options)
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
+        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
         traced = self._jitted(state).trace(state, batch)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
 
 class EvalStep(_Step):
     """A compiled evaluation step: ``metrics = eval_step(state, batch)`` (no update).
-    With ``pp > 1`` the layers run in their stored order through GPipe's forward."""
+    With ``pp > 1`` the stages hold the layers as in training (``pipeline_partition``)
+    and run GPipe's forward."""
 
     def __init__(self, fn: LossFn, options: StepOptions):
         super().__init__(fn, options)
         self._jit = jax.jit(self._eval)
 
     def _eval(self, state: TrainState, batch: Any) -> dict:
-        mesh, plan, forward = state.mesh, _plan(state, self.options), self._forward(state)
+        mesh, forward = state.mesh, self._forward(state)
+        plan = self._resolved_plan(state, batch)
+        staged = plan.to_stages(state.params)
 
         def body(params, batch):
             return manual.mean_over_data(plan.evaluate(forward, params, batch), mesh)
 
         loss, metrics = manual.shard_map(
-            body, mesh, in_specs=(manual.param_specs(state.params, mesh),
+            body, mesh, in_specs=(manual.param_specs(staged, mesh),
                                   manual.batch_specs(batch, mesh)),
-            out_specs=(P(), P()))(state.params, batch)
+            out_specs=(P(), P()))(staged, batch)
         return {"loss": loss, **metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
         state = self._with_fp8(state)
-        return self._jit(state, self._place(state, batch, microbatches))
+        batch = self._place(state, batch, microbatches)
+        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
+        return self._jit(state, batch)
 
 
 def step(fn: LossFn | None = None, **options: Any):

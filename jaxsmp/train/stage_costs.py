@@ -1,0 +1,109 @@
+"""``pipeline_partition="auto"``: the stage split from the model's compiled costs.
+
+The user's loss is cut where the :class:`~jaxsmp.nn.Stack` sits (as the 1F1B schedule
+cuts it): the embedding (everything before the stack), one stacked layer, and the head
+(everything after it, the loss included). Each piece's forward and backward is compiled
+on one device for one microbatch of this device's rows, and XLA's cost analysis gives
+its FLOPs and bytes; a roofline on the target's peak rate and memory bandwidth turns
+them into time, and :func:`jaxsmp.pipeline.partition.balanced_counts` splits the layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsmp.mesh import Mesh
+from jaxsmp.nn.param import is_var
+from jaxsmp.pipeline.one_f_one_b import _RecordStack, _StackOutput
+from jaxsmp.pipeline.partition import balanced_counts, roofline_seconds
+from jaxsmp.train.forward import LossFn, local_forward
+from jaxsmp.train.options import StepOptions
+
+# (peak FLOP/s, bytes/s) of the roofline per platform: an H100 SXM's dense bf16 and HBM3
+# for GPUs; for CPUs a ratio typical of one core's FMA rate over its memory bandwidth
+RATES = {"gpu": (989e12, 3.35e12), "cuda": (989e12, 3.35e12), "cpu": (1e11, 1e10)}
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), tree)
+
+
+def _whole(params: Any) -> Any:
+    """Abstract parameters as one device holds them: no mesh axes, nothing to gather."""
+    def whole(v):
+        value = jax.ShapeDtypeStruct(v.shape, v.dtype)
+        if "mesh_axes" not in v.get_metadata():
+            return v.replace(value)
+        return v.replace(value, mesh_axes=(None,) * len(v.shape))
+    return jax.tree.map(whole, params, is_leaf=is_var)
+
+
+def _seconds(fn, *args, rates) -> float:
+    compiled = jax.jit(fn).lower(*args).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return roofline_seconds(float(cost.get("flops", 0.0)),
+                            float(cost.get("bytes accessed", 0.0)), *rates)
+
+
+def _forward(fn: LossFn, state, options: StepOptions):
+    """The step's forward on one device of the default backend (no collectives)."""
+    one = Mesh(devices=jax.devices()[:1])
+    simple = dataclasses.replace(options, sequence_parallel=False, context_parallel="auto",
+                                 pipeline="simple", pipeline_partition="equal")
+    return one, local_forward(fn, state.graphdef, simple, "auto", one.jax_mesh)
+
+
+def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
+                  platform: str) -> tuple[float, float, float]:
+    """(embedding, one layer, head and loss) forward + backward seconds on one
+    microbatch (abstract arrays: nothing runs)."""
+    rates = RATES.get(platform, RATES["cpu"])
+    one, forward = _forward(fn, state, options)
+    params, batch = _whole(state.params), _abstract(microbatch)
+    with jax.set_mesh(one.jax_mesh):
+        record = _RecordStack()
+        jax.eval_shape(lambda p, b: forward(p, b, record), params, batch)
+        x = jax.ShapeDtypeStruct(record.x.shape, record.x.dtype)
+
+        def embed(p, b):
+            out, vjp = jax.vjp(lambda p: _record(forward, p, b), p)
+            return vjp(jnp.ones_like(out))
+
+        def layer(p, b, w, h):  # the layer's arguments (e.g. positions) traced afresh
+            rec = _RecordStack()
+            forward(p, b, rec)
+            return jax.grad(lambda w, h: rec.run(h, w, rec.args).astype(jnp.float32).sum(),
+                            argnums=(0, 1))(w, h)
+
+        def head(p, b, y):
+            return jax.grad(lambda p, y: forward(p, b, _StackOutput(y))[0],
+                            argnums=(0, 1))(p, y)
+        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), a.dtype),
+                             _abstract(record.params))
+        return (_seconds(embed, params, batch, rates=rates),
+                _seconds(layer, params, batch, first, x, rates=rates),
+                _seconds(head, params, batch, x, rates=rates))
+
+
+def _record(forward, params, batch):
+    record = _RecordStack()
+    forward(params, batch, record)
+    return record.x
+
+
+def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
+                   num_layers: int, chunks: int) -> tuple[int, ...]:
+    """Layers per virtual stage balancing the stage times the schedule runs: the head
+    is part of 1F1B's last stage (it runs inside its forward ticks); the other
+    schedules run the embedding and the head on every stage outside the ticks."""
+    parts = state.mesh.pp * chunks
+    if options.pipeline != "interleaved":  # identical layers, nothing else in the ticks
+        return balanced_counts([1.0] * num_layers, parts)
+    platform = state.mesh.jax_mesh.devices.flat[0].platform
+    _, layer, head = piece_seconds(fn, state, options, microbatch, platform)
+    return balanced_counts([layer] * num_layers, parts, last=head)
