@@ -10,6 +10,8 @@ import re
 
 HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([\d,]*)\]")
+_CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
+                     r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
@@ -27,6 +29,24 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
         elif current is not None and line.startswith(" "):
             comps[current].append(line.strip())
     return comps, entry
+
+
+def callees(line: str) -> list[str]:
+    """The computations an instruction calls (loop bodies and conditions, fusions,
+    reductions' ``to_apply``, conditionals' branches)."""
+    return [c.strip().lstrip("%") for group in _CALLED.findall(line) for c in group.split(",")]
+
+
+def reachable(comps: dict[str, list[str]], root: str) -> set[str]:
+    """The computations ``root`` calls, directly or not, ``root`` included."""
+    seen, todo = set(), [root]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        todo += [c for line in comps[name] for c in callees(line)]
+    return seen
 
 
 def shape_bytes(type_text: str) -> int:

@@ -11,23 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxsmp.metrics.hlo import (ARRAY, computations, group_size,  # noqa: F401 (re-exported)
-                                shape_bytes)
-
-_CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
-                     r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
-
-
-def _reachable(comps: dict[str, list[str]], root: str) -> set[str]:
-    seen, todo = set(), [root]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen.add(name)
-        for line in comps[name]:
-            for group in _CALLED.findall(line):
-                todo += [c.strip().lstrip("%") for c in group.split(",")]
-    return seen
+                                reachable, shape_bytes)
 
 
 @dataclass
@@ -80,10 +64,10 @@ class Module:
         in_loops: set[str] = set()
         loops = []
         for body in bodies:
-            reach = _reachable(comps, body)
+            reach = reachable(comps, body)
             in_loops |= reach
             loops.append([c for name in sorted(reach) for c in _collectives(comps[name], types)])
-        outside = [c for name in _reachable(comps, entry) - in_loops
+        outside = [c for name in reachable(comps, entry) - in_loops
                    for c in _collectives(comps[name], types)]
         return cls(loops, outside)
 
