@@ -11,6 +11,8 @@ import numpy as np
 
 import collectives
 
+from jaxsmp.checks import positive_int
+
 # Outermost to innermost. tp varies fastest, so tp groups, then cp groups and then sdp
 # groups are formed from consecutive devices of one host; dp replicas go across hosts.
 AXES = ("dp", "pp", "sdp", "cp", "tp")
@@ -33,8 +35,7 @@ def _device_grid(devices: Sequence[jax.Device], shape: tuple[int, ...]) -> np.nd
 
 def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
     for name, value in given.items():
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"mesh degree {name}={value!r} must be a positive integer")
+        positive_int(f"mesh degree {name}", value, optional=True)
     fixed = {k: v for k, v in given.items() if v is not None}
     defaults = {"dp": 1, "pp": 1, "cp": 1, "tp": 1}
     missing = [k for k in AXES if given[k] is None]

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxsmp.checkpoint.errors import CheckpointExistsError, CheckpointNotFoundError
+from jaxsmp.checks import positive_int
 from jaxsmp.checkpoint.metadata import build_metadata
 from jaxsmp.checkpoint.restore import read_metadata, restore_step
 from jaxsmp.checkpoint.store import open_store, write_args
@@ -39,10 +40,8 @@ class CheckpointManager:
     def __init__(self, directory: str | os.PathLike, *, save_every: int | None = None,
                  keep: int | None = 3, async_save: bool = True,
                  model: Mapping | None = None):
-        if save_every is not None and save_every < 1:
-            raise ValueError(f"save_every must be a positive integer or None, got {save_every}")
-        if keep is not None and keep < 1:
-            raise ValueError(f"keep must be a positive integer or None, got {keep}")
+        positive_int("save_every", save_every, optional=True)
+        positive_int("keep", keep, optional=True)
         self.directory, self.save_every, self.model = os.fspath(directory), save_every, model
         self._options = {"keep": keep, "async_save": async_save}
         self._opened = None  # the orbax store, opened when first needed

@@ -3,16 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jaxsmp.checks import positive_int
 from jaxsmp.context import STRATEGIES
 from jaxsmp.mesh import check_collectives
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
 from jaxsmp.train.precision import precision_policy
-
-
-def _positive_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _check_partition(value) -> None:
@@ -37,8 +33,8 @@ class StepOptions:
     one flat buffer instead of one per parameter. ``prefetch``: gather the next layer
     while one computes, and reduce-scatter a layer's gradient while the next one's
     backward runs; ``None`` (default): on where collectives run beside compute (GPU),
-    off elsewhere (XLA:CPU runs them in line, so prefetch would only cost memory:
-    about 2.5 gathered float32 layers on W0, see tests/jaxsmp/test_zero3_memory.py).
+    off elsewhere (XLA:CPU runs them in line, so prefetch would only cost memory;
+    docs/benchmarks.md).
     ``sequence_parallel`` (needs tp > 1): Megatron sequence parallelism, activations
     between the tensor-parallel matmuls split over tp on the sequence
     (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
@@ -67,11 +63,11 @@ class StepOptions:
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.pipeline!r}; valid: {SCHEDULES}")
-        _positive_int("virtual_chunks", self.virtual_chunks)
+        positive_int("virtual_chunks", self.virtual_chunks)
         _check_partition(self.pipeline_partition)
-        _positive_int("microbatches", self.microbatches)
+        positive_int("microbatches", self.microbatches)
         precision_policy(self.precision)
-        _positive_int("fp8_history", self.fp8_history)
+        positive_int("fp8_history", self.fp8_history)
         if self.fp8_history != 1024 and not precision_policy(self.precision).fp8:
             raise ValueError(f"fp8_history={self.fp8_history} needs precision='fp8', "
                              f"got precision={self.precision!r}")
@@ -92,6 +88,8 @@ class StepOptions:
         if self.sequence_parallel not in (True, False):
             raise ValueError(f"sequence_parallel must be True or False, "
                              f"got {self.sequence_parallel!r}")
+        if self.bucket not in (True, False):
+            raise ValueError(f"bucket must be True or False, got {self.bucket!r}")
 
     def prefetches(self, platform: str) -> bool:
         """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...)."""

@@ -31,7 +31,7 @@ def test_degrees_not_dividing_devices():
 
 
 def test_bad_degree_value():
-    with pytest.raises(ValueError, match=r"tp=0"):
+    with pytest.raises(ValueError, match=r"mesh degree tp must be a positive integer .*got 0"):
         jaxsmp.Mesh(tp=0)
 
 
