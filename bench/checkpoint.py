@@ -56,6 +56,31 @@ def run_step(train_step, state, b):
     return state
 
 
+def restores(cfg, tx, mesh, directory: Path, model) -> list[tuple]:
+    """Table rows: restoring the checkpoint in ``directory`` onto the same mesh, another
+    layout, and half the devices."""
+    rows = []
+    for name, m in [("restore, same mesh (sdp=8)", mesh),
+                    ("restore, resharded (sdp=4, tp=2)", jaxsmp.Mesh(sdp=4, tp=2)),
+                    ("restore, 4 devices (sdp=4)", jaxsmp.Mesh(sdp=4, devices=jax.devices()[:4]))]:
+        template = abstract_state(cfg.build, tx, m)
+        with CheckpointManager(directory, model=model) as ckpt:
+            restored, t = timed(lambda: jax.block_until_ready(ckpt.restore(template)))
+        rows.append((name, t, t, None))
+        del restored
+    return rows
+
+
+def print_table(rows: list[tuple], state_bytes: int) -> None:
+    print("| operation | training blocked (s) | wall time (s) | bytes written | state GB/s |")
+    print("|---|---|---|---|---|")
+    for name, blocked, total, nbytes in rows:
+        size = f"{nbytes / 2**30:.2f} GiB ({nbytes:,})" if nbytes else "-"
+        blocked_s = f"{blocked:.2f}" if name.startswith("save") else "-"
+        print(f"| {name} | {blocked_s} | {total:.2f} | {size} | "
+              f"{state_bytes / total / 1e9:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="125m")
@@ -113,24 +138,10 @@ def main() -> None:
     intact = all(np.array_equal(a, np.asarray(x)) for a, x in zip(saved, back))
     del saved, back
 
-    for name, m in [("restore, same mesh (sdp=8)", mesh),
-                    ("restore, resharded (sdp=4, tp=2)", jaxsmp.Mesh(sdp=4, tp=2)),
-                    ("restore, 4 devices (sdp=4)", jaxsmp.Mesh(sdp=4, devices=jax.devices()[:4]))]:
-        template = abstract_state(cfg.build, tx, m)
-        with CheckpointManager(root / "sync", model=model) as ckpt:
-            restored, t = timed(lambda: jax.block_until_ready(ckpt.restore(template)))
-        rows.append((name, t, t, None))
-        del restored
-
+    rows += restores(cfg, tx, mesh, root / "sync", model)
     print(f"\nGPT-NeoX {args.preset} ({count_params(cfg) / 1e6:.0f}M params), 8 simulated CPU "
           f"devices, state {state_bytes / 2**30:.2f} GiB (float32 params + AdamW moments)\n")
-    print("| operation | training blocked (s) | wall time (s) | bytes written | state GB/s |")
-    print("|---|---|---|---|---|")
-    for name, blocked, total, nbytes in rows:
-        size = f"{nbytes / 2**30:.2f} GiB ({nbytes:,})" if nbytes else "-"
-        blocked_s = f"{blocked:.2f}" if name.startswith("save") else "-"
-        print(f"| {name} | {blocked_s} | {total:.2f} | {size} | "
-              f"{state_bytes / total / 1e9:.2f} |")
+    print_table(rows, state_bytes)
     print(f"\nTrain step (batch {args.batch_size}x{args.seq_len}): {step_time:.2f}s alone; "
           f"{t_step_during:.2f}s while an async save wrote in the background (save call "
           f"blocked {t_blocked2:.2f}s, write finished {t_tail:.2f}s after the step); "

@@ -1,8 +1,8 @@
 """Compiled temporary memory per layer of the training step, by remat policy.
 
 The growth of ``memory_analysis().temp_size_in_bytes`` from 4 to 12 layers,
-divided by 8, is what each extra layer keeps alive for the backward pass (issue 12:
-activations only, never the gathered layer). ``--prefetch``: instead, what prefetching
+divided by 8, is what each extra layer keeps alive for the backward pass (activations
+only, never the gathered layer). ``--prefetch``: instead, what prefetching
 the next layer costs (temporaries with ``prefetch`` on and off) on W0 at seq 128.
 
     python bench/remat_memory.py [--hidden 256] [--sdp 8] [--prefetch]

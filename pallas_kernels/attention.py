@@ -179,9 +179,7 @@ def _reference(q, k, v, alibi_slopes, segment_ids, scale: float, causal: bool) -
     which recomputes the scores and probabilities from q, k, v (as FlashAttention does).
     Autodiff would keep four float32 and two bool ``[b, h, s, s]`` arrays per call, per
     layer for the whole backward pass of a layer scan; keeping only the probabilities
-    still cost one. On CPU recomputing is also the fastest (bench/train_throughput.py
-    workloads, sdp=8, seconds per step: W0 1.065 vs 1.097 keeping the probabilities and
-    1.092 blockwise; 125m with 4 layers 15.24 vs 15.36 and 15.31)."""
+    still cost one. On CPU recomputing is also the fastest (docs/benchmarks.md)."""
     def run(q, k, v, alibi_slopes, segment_ids):
         return attention_reference(q, k, v, causal=causal, alibi_slopes=alibi_slopes,
                                    segment_ids=segment_ids, softmax_scale=scale)
