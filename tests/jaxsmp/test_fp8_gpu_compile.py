@@ -1,0 +1,37 @@
+"""The fp8 step compiled by XLA:GPU for 8 H100s (deviceless, bench/fp8_compile.py):
+every layer matmul is a cuBLASLt FP8 GEMM, counted per loop body."""
+import collections
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+import jaxsmp  # noqa: E402
+import jaxsmp.plan.gpu_target  # noqa: E402,F401  (before bench/ joins the path: bench/collectives.py)
+
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
+from fp8_compile import FP8_GEMM, compile_step  # noqa: E402
+
+GEMM = re.compile(r'custom_call_target="(__cublas[^"]*)"')
+
+
+def _gemms_per_computation(text: str) -> list[collections.Counter]:
+    bodies = re.findall(r"^(?:ENTRY )?%?[\w.\-]+ [^\n]*\{\n(.*?)\n\}", text, re.S | re.M)
+    return [c for c in (collections.Counter(GEMM.findall(b)) for b in bodies) if c]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, linears", [("gpt_neox", 4), ("llama", 7)])
+@pytest.mark.parametrize("mesh", [dict(sdp=8), dict(sdp=4, tp=2)], ids=["sdp8", "sdp4-tp2"])
+def test_every_layer_matmul_is_an_fp8_gemm_on_h100(family, linears, mesh):
+    config = jaxsmp.models.preset(family, "tiny", num_hidden_layers=3, attention_impl="cudnn")
+    compiled = compile_step(config, mesh, "fp8", remat="none")
+    counts = _gemms_per_computation(compiled.as_text())
+    f8 = sorted(c[FP8_GEMM] for c in counts)
+    # forward loop: one per Linear; backward loop: two per Linear; outside the loops the
+    # peeled last layer's backward (with tp, XLA peels one more layer): whole layers
+    assert f8[:2] == [linears, 2 * linears] and all(n % linears == 0 for n in f8), counts
+    # the only others: the vocabulary projection (bf16 by default) forward and backward
+    assert sum(sum(c.values()) - c[FP8_GEMM] for c in counts) == 3, counts
