@@ -83,7 +83,9 @@ def pipeline_inflight(c: Candidate) -> int:
     if c.pp == 1:
         return 1
     if c.schedule == "interleaved":
-        return max(schedule_report("interleaved", c.pp, c.microbatches).peak_activations)
+        # the arguments as throughput's bubble passes them: one lru_cache entry, one simulation
+        return max(schedule_report("interleaved", c.pp, c.microbatches,
+                                   c.virtual_chunks).peak_activations)
     return c.microbatches * c.virtual_chunks + c.pp - 1
 
 
