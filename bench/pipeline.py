@@ -13,10 +13,20 @@
    for every stage. Measured for the autodiff runners (simple, virtual); 1F1B has
    the same formula and its table's idle ticks are checked by the simulator.
 
-Simulated devices share the host's cores, so tokens/s does not show the speed-up
-of real pipeline stages running concurrently; the memory and bubble columns do.
+3. Balance: GPT-NeoX with a realistic vocabulary (8 layers, d 512, vocab 50,304) at
+   pp=4, 1F1B, ``pipeline_partition="equal"`` vs ``"auto"``. Measured on one device:
+   a layer's forward, a layer's recompute+backward (1F1B's backward op) and the head
+   with the loss, forward+backward (run inside the last stage's forward op); the
+   lock-step simulator (:func:`jaxsmp.pipeline.simulator.lockstep_time`) turns them
+   into each split's step time, per-stage busy time and idle fraction. The real steps
+   are timed too, alternately (medians).
 
-    python bench/pipeline.py [--steps 5] [--microbatches 8]
+Simulated devices share the host's cores, so tokens/s does not show the speed-up
+of real pipeline stages running concurrently (a CPU step costs the work of all stages
+together, which a split does not change); the memory, bubble and simulated balance
+columns do.
+
+    python bench/pipeline.py [--steps 5] [--microbatches 8] [--only balance]
 """
 from __future__ import annotations
 
@@ -41,6 +51,7 @@ import jaxsmp  # noqa: E402
 from jaxsmp.nn import rotary_tables  # noqa: E402
 from jaxsmp.pipeline import StageRunner, partition  # noqa: E402
 from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
+from pipeline_balance import Head, balance_table  # noqa: E402
 
 SEQ, BATCH = 128, 32
 
@@ -128,7 +139,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--only", choices=("train", "bubble", "plan"), default=None)
+    parser.add_argument("--only", choices=("train", "bubble", "plan", "balance"), default=None)
     args = parser.parse_args()
     config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=8,
                                   attention_impl="reference")
@@ -138,14 +149,8 @@ def main() -> None:
         bubble_table()
     if args.only in (None, "plan"):
         plan(config)
-
-
-class _Head(nnx.Module):
-    def __init__(self, model):
-        self.norm, self.out = model.final_layer_norm, model.embed_out
-
-    def __call__(self, x):
-        return self.out(self.norm(x))
+    if args.only in (None, "balance"):
+        balance_table(args.steps)
 
 
 def plan(config) -> None:
@@ -157,7 +162,7 @@ def plan(config) -> None:
     print("\nPartitioner on the benchmarked model (4 stages, one microbatch):\n")
     for optimize in ("speed", "memory"):
         partition(stack_layers(model.layers), tokens, 4, embed=model.embed_in,
-                  head=_Head(model), layer_args=(cos, sin), optimize=optimize)
+                  head=Head(model), layer_args=(cos, sin), optimize=optimize)
 
 
 def train_table(config, args) -> None:

@@ -136,6 +136,51 @@ def balanced_counts(loads: Sequence[float], parts: int, *, first: float = 0.0,
     return best
 
 
+def one_f_one_b_counts(num_layers: int, stages: int, microbatches: int, layer_forward: float,
+                       layer_backward: float, head: float,
+                       tolerance: float = 0.02) -> tuple[int, ...]:
+    """Layers per stage of the 1F1B schedule run in lock-step (every tick as long as its
+    slowest op): a stage's forward is its layers' forward (the last stage's also the
+    head's forward and backward), its backward its layers' recompute and backward.
+    Local search from the equal and the load-balanced splits, each move one layer
+    between neighbours; the equal split stays unless another is ``tolerance`` faster."""
+    from jaxsmp.pipeline.schedule import make_schedule
+    from jaxsmp.pipeline.simulator import lockstep_time
+    schedule = make_schedule("interleaved", stages, microbatches)
+
+    def seconds(counts):
+        def duration(s, op):
+            if op.kind == "B":
+                return counts[s] * layer_backward
+            return counts[s] * layer_forward + (head if s == stages - 1 else 0.0)
+        return lockstep_time(schedule, duration).step
+    starts = [balanced_counts([layer_forward + layer_backward] * num_layers, stages,
+                              last=head)]
+    best = min((_descend(list(c), seconds) for c in starts), key=seconds)
+    if num_layers % stages == 0:
+        equal = (num_layers // stages,) * stages
+        best = min(best, _descend(list(equal), seconds), key=seconds)
+        if seconds(equal) <= (1 + tolerance) * seconds(best):
+            return equal
+    return best
+
+
+def _descend(counts: list[int], seconds) -> tuple[int, ...]:
+    """Moves single layers between neighbouring stages while the time improves."""
+    current = seconds(counts)
+    while True:
+        moves = []
+        for i in range(len(counts) - 1):
+            for a, b in ((i, i + 1), (i + 1, i)):
+                if counts[a] > 1:
+                    c = list(counts)
+                    c[a], c[b] = c[a] - 1, c[b] + 1
+                    moves.append((seconds(c), c))
+        if not moves or min(moves)[0] >= current:
+            return tuple(counts)
+        current, counts = min(moves)
+
+
 def _check_manual(manual: Sequence[int], layers: int, stages: int) -> tuple[int, ...]:
     counts = tuple(manual)
     if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) \

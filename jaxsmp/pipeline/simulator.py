@@ -68,3 +68,26 @@ def simulate(schedule: Schedule) -> Report:
     return Report(ticks=schedule.ticks, busy=busy,
                   idle=tuple(schedule.ticks - b for b in busy),
                   peak_activations=tuple(_peak(row) for row in schedule.table))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A schedule's time when its ops take given durations."""
+    step: float                 # seconds, first op to last
+    busy: tuple[float, ...]     # seconds of ops per stage
+
+    @property
+    def idle_fraction(self) -> tuple[float, ...]:
+        return tuple(1 - b / self.step for b in self.busy)
+
+
+def lockstep_time(schedule: Schedule, duration) -> Timing:
+    """:class:`Timing` of ``schedule`` run in lock-step, as jaxsmp's SPMD runners run
+    it: every tick lasts as long as its slowest op (the stages exchange activations
+    at the end of every tick). ``duration(stage, op)`` is an op's time in seconds."""
+    simulate(schedule)
+    ticks = [max((duration(s, row[t]) for s, row in enumerate(schedule.table)
+                  if row[t] is not None), default=0.0) for t in range(schedule.ticks)]
+    busy = tuple(sum(duration(s, op) for op in row if op is not None)
+                 for s, row in enumerate(schedule.table))
+    return Timing(step=sum(ticks), busy=busy)

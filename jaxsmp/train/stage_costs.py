@@ -19,7 +19,7 @@ import numpy as np
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.param import is_var
 from jaxsmp.pipeline.one_f_one_b import _RecordStack, _StackOutput
-from jaxsmp.pipeline.partition import balanced_counts, roofline_seconds
+from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts, roofline_seconds
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
 
@@ -59,9 +59,10 @@ def _forward(fn: LossFn, state, options: StepOptions):
 
 
 def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
-                  platform: str) -> tuple[float, float, float]:
-    """(embedding, one layer, head and loss) forward + backward seconds on one
-    microbatch (abstract arrays: nothing runs)."""
+                  platform: str) -> tuple[float, float, float, float]:
+    """(embedding forward + backward, one layer's forward, one layer's forward +
+    backward, head and loss forward + backward) seconds on one microbatch (abstract
+    arrays: nothing runs)."""
     rates = RATES.get(platform, RATES["cpu"])
     one, forward = _forward(fn, state, options)
     params, batch = _whole(state.params), _abstract(microbatch)
@@ -80,14 +81,25 @@ def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
             return jax.grad(lambda w, h: rec.run(h, w, rec.args).astype(jnp.float32).sum(),
                             argnums=(0, 1))(w, h)
 
+        def layer_forward(p, b, w, h):
+            rec = _RecordStack()
+            forward(p, b, rec)
+            return rec.run(h, w, rec.args)
+
         def head(p, b, y):
             return jax.grad(lambda p, y: forward(p, b, _StackOutput(y))[0],
                             argnums=(0, 1))(p, y)
-        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), a.dtype),
+        first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), _real(a.dtype)),
                              _abstract(record.params))
         return (_seconds(embed, params, batch, rates=rates),
+                _seconds(layer_forward, params, batch, first, x, rates=rates),
                 _seconds(layer, params, batch, first, x, rates=rates),
                 _seconds(head, params, batch, x, rates=rates))
+
+
+def _real(dtype):
+    """float32 for the fp8 histories' max-accumulating dtype (costed as float32)."""
+    return dtype if jnp.issubdtype(dtype, jnp.number) else jnp.float32
 
 
 def _record(forward, params, batch):
@@ -99,11 +111,13 @@ def _record(forward, params, batch):
 def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
                    num_layers: int, chunks: int) -> tuple[int, ...]:
     """Layers per virtual stage balancing the stage times the schedule runs: the head
-    is part of 1F1B's last stage (it runs inside its forward ticks); the other
-    schedules run the embedding and the head on every stage outside the ticks."""
+    is part of 1F1B's last stage (it runs inside its forward ticks), whose split is the
+    fastest in the lock-step simulation of its ticks; the other schedules run the
+    embedding and the head on every stage outside the ticks (the most even split)."""
     parts = state.mesh.pp * chunks
     if options.pipeline != "interleaved":  # identical layers, nothing else in the ticks
         return balanced_counts([1.0] * num_layers, parts)
     platform = state.mesh.jax_mesh.devices.flat[0].platform
-    _, layer, head = piece_seconds(fn, state, options, microbatch, platform)
-    return balanced_counts([layer] * num_layers, parts, last=head)
+    _, forward, both, head = piece_seconds(fn, state, options, microbatch, platform)
+    return one_f_one_b_counts(num_layers, state.mesh.pp, options.microbatches, forward,
+                              both, head)

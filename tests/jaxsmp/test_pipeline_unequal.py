@@ -7,6 +7,8 @@ with the branchless select used under ``tp``); every schedule with an unequal sp
 ``auto`` gives the single-device gradients (tolerances of conftest.GRAD_RTOL); equal
 counts compile to the same program as ``"equal"``; bad splits fail before compiling.
 """
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +173,19 @@ def test_partition_needs_a_pipeline(tiny_config, tokens):
     step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, pipeline_partition=(1, 1))
     with pytest.raises(ValueError, match=r"pipeline_partition=\(1, 1\) .* mesh has pp=1"):
         step(state, {"tokens": tokens})
+
+
+def test_one_f_one_b_counts_lighten_the_last_stage_in_lock_step():
+    from jaxsmp.pipeline import make_schedule
+    from jaxsmp.pipeline.partition import one_f_one_b_counts
+    from jaxsmp.pipeline.simulator import lockstep_time
+
+    def seconds(counts, head):
+        return lockstep_time(make_schedule("interleaved", 4, 8), lambda s, op: counts[s] * (
+            2.0 if op.kind == "B" else 1.0) + (head if op.kind == "F" and s == 3 else 0)).step
+    assert one_f_one_b_counts(8, 4, 8, 1.0, 2.0, head=0.01) == (2, 2, 2, 2)
+    heavy = one_f_one_b_counts(12, 4, 8, 1.0, 2.0, head=4.0)  # the head weighs 4 forwards
+    assert heavy[-1] < 3 and sum(heavy) == 12
+    assert seconds(heavy, 4.0) < seconds((3, 3, 3, 3), 4.0)
+    every = [c for c in itertools.product(range(1, 10), repeat=4) if sum(c) == 12]
+    assert seconds(heavy, 4.0) == min(seconds(c, 4.0) for c in every)  # the best of all 165

@@ -27,7 +27,7 @@ def test_bad_candidates_are_rejected_by_name():
     with pytest.raises(ValueError, match="virtual_chunks=2 needs schedule='virtual'"):
         Candidate(1, 1, 1, 2, 1, 2, virtual_chunks=2)
     with pytest.raises(ValueError, match="unknown precision"):
-        Candidate(1, 1, 1, 1, 1, 1, precision="fp8")
+        Candidate(1, 1, 1, 1, 1, 1, precision="fp4")
 
 
 def test_semantics_say_when_gathered_weights_stay_alive():
