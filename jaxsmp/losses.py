@@ -20,6 +20,9 @@ def cross_entropy(logits: jax.Array, targets: jax.Array,
 
 def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     """Cross-entropy of predicting ``tokens[:, 1:]`` from ``logits[:, :-1]``."""
+    if tokens.shape[1] < 2:
+        raise ValueError(f"next-token loss needs sequences of at least 2 tokens, got "
+                         f"tokens of shape {tuple(tokens.shape)}")
     return cross_entropy(logits[:, :-1], tokens[:, 1:])
 
 

@@ -73,8 +73,8 @@ class StepOptions:
                              f"got precision={self.precision!r}")
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
-        if self.clip_norm is not None and not (isinstance(self.clip_norm, (int, float))
-                                               and self.clip_norm > 0):
+        if self.clip_norm is not None and (isinstance(self.clip_norm, bool) or not (
+                isinstance(self.clip_norm, (int, float)) and self.clip_norm > 0)):
             raise ValueError(f"clip_norm must be a positive number or None (no clipping), "
                              f"got {self.clip_norm!r}")
         if self.collectives is not None:

@@ -112,6 +112,8 @@ def init(build: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformati
     jit whose ``out_shardings`` place every array, so no device or host ever holds
     the full model.
     """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     rules = dict(DEFAULT_RULES if rules is None else rules)
     graphdef, abstract = abstract_params(build, mesh, rules)
 

@@ -1,10 +1,13 @@
-"""The API's shared argument checks: a positive integer is an int >= 1, never a bool,
-and every argument checked with it says so naming the value."""
+"""The API's argument checks: a positive integer is an int >= 1, never a bool; every
+argument checked says so naming its value, before anything compiles."""
+import jax.numpy as jnp
+import optax
 import pytest
 
 import jaxsmp
 from jaxsmp.checks import positive_int
 from jaxsmp.checkpoint import CheckpointManager
+from jaxsmp.losses import next_token_loss
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.0, "2", True, None])
@@ -31,3 +34,13 @@ def test_none_passes_only_where_it_is_allowed():
 def test_the_api_refuses_a_bad_count_by_name(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_other_api_arguments_are_refused_by_name_before_compiling():
+    with pytest.raises(ValueError, match="clip_norm must be a positive number or None"):
+        jaxsmp.StepOptions(clip_norm=True)
+    cfg = jaxsmp.models.preset("gpt_neox", "tiny")
+    with pytest.raises(ValueError, match="seed must be an int, got 'x'"):
+        jaxsmp.init(cfg.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=8), seed="x")
+    with pytest.raises(ValueError, match=r"at least 2 tokens, got tokens of shape \(8, 1\)"):
+        next_token_loss(jnp.zeros((8, 1, 16)), jnp.zeros((8, 1), jnp.int32))
