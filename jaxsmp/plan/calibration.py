@@ -51,13 +51,14 @@ class MemoryScale:
     outside: float
 
 
-# python bench/plan_vs_published.py --fit (fit runs only); see that script's table
-FITTED = Fitted(matmul=1.0, attention=1.0, overlap=1.0)
+# python bench/plan_vs_published.py --fit (its 8 fit runs only; 15 held out: median
+# |error| 6.9%, largest 18.5%), with the memory scales below
+FITTED = Fitted(matmul=0.83, attention=1.34, overlap=1.0)
 # python -m jaxsmp.plan.calibrate (XLA:GPU deviceless, jax 0.10.2, A100-80GB target)
 MEMORY_SCALE: dict[str, MemoryScale] = {
-    "gpt_neox": MemoryScale(1.0, 1.0, 1.0),
-    "bloom": MemoryScale(1.0, 1.0, 1.0),
-    "llama": MemoryScale(1.0, 1.0, 1.0),
+    "gpt_neox": MemoryScale(1.398, 8.929, 0.000),
+    "bloom": MemoryScale(0.394, 7.725, 2.452),
+    "llama": MemoryScale(0.666, 10.804, 0.000),
 }
 
 
