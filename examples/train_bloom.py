@@ -1,4 +1,4 @@
-"""Train Bloom with jaxsmp.
+"""Train Bloom with jaxsmp (the trainer of ``python -m jaxsmp.train --model bloom``).
 
 Default: the tiny preset on 8 simulated CPU devices (sdp=8), byte-level tokens
 of the Python documentation bundled with every CPython. Presets: tiny, 560m,

@@ -1,4 +1,5 @@
-"""Train GPT-NeoX with jaxsmp.
+"""Train GPT-NeoX with jaxsmp (the trainer of ``python -m jaxsmp.train``, which takes
+the same flags and ``--config``; examples/configs/ holds ready configs).
 
 Default: the tiny preset on 8 simulated CPU devices (sdp=8), byte-level tokens
 of the Python documentation bundled with every CPython. On a GPU cluster:
