@@ -56,6 +56,18 @@ def run_step(train_step, state, b):
     return state
 
 
+def saves(state, root: Path, model) -> list[tuple]:
+    """Table rows: a synchronous save (the loop waits for the whole write) and an
+    asynchronous one with nothing else running (how long the background write takes)."""
+    with CheckpointManager(root / "sync", async_save=False, model=model) as ckpt:
+        _, t_sync = timed(lambda: ckpt.save(state, force=True))
+    with CheckpointManager(root / "async", async_save=True, model=model) as ckpt:
+        _, t_blocked = timed(lambda: ckpt.save(state, force=True))
+        _, t_rest = timed(ckpt.wait)
+    return [("save, synchronous", t_sync, t_sync, du(root / "sync")),
+            ("save, async", t_blocked, t_blocked + t_rest, du(root / "async"))]
+
+
 def restores(cfg, tx, mesh, directory: Path, model) -> list[tuple]:
     """Table rows: restoring the checkpoint in ``directory`` onto the same mesh, another
     layout, and half the devices."""
@@ -112,18 +124,7 @@ def main() -> None:
     step_time = min(steps)
     print(f"first step (compile) {t_compile:.1f}s, step {step_time:.2f}s", flush=True)
 
-    rows = []
-    # Synchronous save: the loop waits for the whole write.
-    with CheckpointManager(root / "sync", async_save=False, model=model) as ckpt:
-        _, t_sync = timed(lambda: ckpt.save(state, force=True))
-    rows.append(("save, synchronous", t_sync, t_sync, du(root / "sync")))
-
-    # Async save, nothing else running: how long the background write takes.
-    with CheckpointManager(root / "async", async_save=True, model=model) as ckpt:
-        _, t_blocked = timed(lambda: ckpt.save(state, force=True))
-        _, t_rest = timed(ckpt.wait)
-    rows.append(("save, async", t_blocked, t_blocked + t_rest, du(root / "async")))
-
+    rows = saves(state, root, model)
     # Async save while training on: one step runs during the background write (and
     # donates the state being written); the checkpoint must still hold the old state.
     saved = [np.array(x) for x in jax.tree.leaves(state)]
