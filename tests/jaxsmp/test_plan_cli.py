@@ -57,6 +57,8 @@ def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
     out = capsys.readouterr().out
     assert "pre-flight (XLA:GPU, deviceless):" in out and "16 x H100-SXM" in out
     assert ": fits" in out and "model vs compiled peak" in out
+    # the step's time: the roofline over the compiled program and the analytic model
+    assert "time (roofline over XLA:GPU's program)" in out and "time (analytic model)" in out
 
 
 def test_preflight_names_a_gpu_without_a_target(capsys, monkeypatch):
