@@ -81,3 +81,34 @@ def test_gpus_without_fp8_and_the_1f1b_pipeline_are_refused_before_compiling():
     with pytest.raises(ValueError, match="pipeline='interleaved'"):
         jaxsmp.step(causal_lm_loss, precision="fp8", pipeline="interleaved",
                     microbatches=2).lower(state, batch)
+
+
+def test_histories_save_and_restore_exactly_and_training_resumes_identically(tmp_path):
+    from jaxsmp.checkpoint import CheckpointManager, CheckpointMismatchError, abstract_state
+    from jaxsmp.train.fp8_state import with_fp8
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=2)
+    mesh, tx = jaxsmp.Mesh(sdp=8), optax.adamw(1e-3)
+    step = jaxsmp.step(causal_lm_loss, precision="fp8", fp8_history=4)
+    state = jaxsmp.init(config.build, tx, mesh)
+    for _ in range(2):  # two observations in each history
+        state, _ = step(state, BATCH)
+    with CheckpointManager(tmp_path, async_save=False) as ckpt:
+        ckpt.save(state, force=True)
+    saved = [np.asarray(x) for x in jax.tree.leaves(state)]
+    state, metrics = step(state, BATCH)
+    uninterrupted = [np.asarray(x) for x in jax.tree.leaves(state)]
+
+    template = abstract_state(config.build, tx, mesh)
+    with CheckpointManager(tmp_path) as ckpt:
+        with pytest.raises(CheckpointMismatchError, match=r"fp8.*in the checkpoint but not"):
+            ckpt.restore(template)  # a bf16 state cannot hold them
+        restored = ckpt.restore(with_fp8(template, 4))
+    histories = [np.asarray(v[...]) for v in variables_by_path(restored.params).values()
+                 if is_meta(v)]
+    assert len(histories) == 4 and all(np.all(h[..., :2] > 0) for h in histories)
+    for got, want in zip(jax.tree.leaves(restored), saved, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    restored, resumed = step(restored, BATCH)
+    assert float(resumed["loss"]) == float(metrics["loss"])
+    for got, want in zip(jax.tree.leaves(restored), uninterrupted, strict=True):
+        assert np.array_equal(got, want)
