@@ -24,6 +24,8 @@ from jaxsmp.data.loader import Prefetcher, device_batch
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
 from jaxsmp.metrics.logger import MetricsLogger
 from jaxsmp.train.batch import to_host
+from jaxsmp.train.fp8_state import with_fp8
+from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState
 from jaxsmp.train.step import eval_step, step
 
@@ -85,6 +87,14 @@ def _check_resumed_data(run: Run, first: int) -> None:
                            f"checkpointed run's order")
 
 
+def _template(cfg: TrainConfig, state: TrainState) -> TrainState:
+    """The state a checkpoint of this run restores into: with fp8, one holding amax
+    histories as the checkpointed state does (the step adds them at its first call)."""
+    if not precision_policy(cfg.step.precision).fp8:
+        return state
+    return with_fp8(state, cfg.step.fp8_history)
+
+
 def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
     if cfg.checkpoint_dir and cfg.resume == "require":  # fail before building anything
         with CheckpointManager(cfg.checkpoint_dir) as probe:
@@ -95,7 +105,7 @@ def _start(cfg: TrainConfig, stack: ExitStack) -> Run:
     ckpt = checkpoints(cfg, model_cfg)
     if ckpt is not None:
         stack.callback(ckpt.close)
-        state = ckpt.resume(state, cfg.resume)
+        state = ckpt.resume(_template(cfg, state), cfg.resume)
     first = int(to_host(state.step))
     logger = None
     if cfg.log_dir and jax.process_index() == 0:

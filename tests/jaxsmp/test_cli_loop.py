@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from jaxsmp.checkpoint import CheckpointNotFoundError
-from jaxsmp.cli import TrainConfig, run
+from jaxsmp.cli import TrainConfig, parse_args, run
 from jaxsmp.cli.batches import run_data
 from jaxsmp.cli.build import model_vocab
 from jaxsmp.cli.config_file import read_config_file
@@ -84,3 +84,16 @@ def test_requiring_a_missing_checkpoint_fails_first_and_creates_nothing(cfg, tmp
     with pytest.raises(CheckpointNotFoundError, match="does not exist"):
         run(dataclasses.replace(cfg, checkpoint_dir=str(missing), resume="require"))
     assert not (tmp_path / "none").exists()
+
+
+def test_an_fp8_run_resumes_with_its_amax_histories(cfg, tmp_path):
+    """The trainer builds its state without histories (the step adds them at its first
+    call); resuming must restore the checkpoint's histories, not refuse them."""
+    argv = ["--data", cfg.data, "--tokenizer", cfg.tokenizer, "--batch-size", "8",
+            "--seq-len", "32", "--eval-every", "0", "--no-progress", "--precision", "fp8",
+            "--fp8-history", "4", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    whole = run(parse_args([*argv[:-2], "--steps", "3"]))
+    first = run(parse_args([*argv, "--steps", "2"]))
+    second = run(parse_args([*argv, "--steps", "3", "--resume", "require"]))
+    assert second.start_step == 2
+    assert first.losses + second.losses == whole.losses  # bitwise
