@@ -23,10 +23,10 @@ one more gathered layer and one full float32 layer gradient in the backward.
 
 With ``active`` (a pipeline stage's padding slots, :mod:`jaxsmp.pipeline.layout`) only
 the first ``active`` layers compute; the others pass their input on and get a zero
-gradient. Their gathers and reduce-scatters still run, outside the branch: devices of
-different stages take different branches, and XLA:CPU deadlocks on collectives inside
-such a branch. With ``branchless`` (``tp > 1``, whose GSPMD collectives sit inside the
-layer) a padding slot computes the layer and discards it.
+gradient; their gathers and reduce-scatters are skipped too (every device of an
+``sdp`` group is on the same stage, so all take the same branch). With ``branchless``
+(``tp > 1``: XLA:CPU deadlocks on GSPMD's tp collectives inside branches that stages
+take differently) a padding slot gathers, computes the layer and discards it.
 """
 from __future__ import annotations
 
@@ -113,6 +113,13 @@ class _Skip(NamedTuple):
             return branch
         return jax.lax.cond(i < self.active, typed(run), typed(identity))
 
+    def collective(self, i, run: Callable):
+        """``run()`` (a gather or reduce-scatter of layer ``i``) if the layer is active,
+        else zeros; always run when ``branchless`` (tp's devices must all reach it)."""
+        if self.active is None or self.branchless:
+            return run()
+        return self(i, run, lambda: _zeros(jax.eval_shape(run)))
+
 
 def _zeros(shapes: Any) -> Any:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -134,12 +141,13 @@ def _forward(layer: _Layer, gather: Callable, shards: Any, h: jax.Array, args: S
     if not prefetch:
         def body(h, xs):
             shard, i = xs
-            return step(gather(shard), h, i)
+            return step(skip.collective(i, lambda: gather(shard)), h, i)
         return jax.lax.scan(body, h, (shards, jnp.arange(n)))
 
     def body(carry, i):  # the next layer's gather does not wait for this layer
         h, w = carry
-        w_next = gather(_index(shards, (i + 1) % n))  # the last iteration's is spare
+        w_next = skip.collective(  # the last iteration's is spare
+            i + 1, lambda: gather(_index(shards, (i + 1) % n)))
         h, res = step(w, h, i)
         return (h, w_next), res
 
@@ -167,12 +175,14 @@ def _backward(layer: _Layer, gather: Callable, scatter: Callable, shards: Any, r
         def body(carry, xs):
             dy, dargs = carry
             shard, r, i = xs
-            dw, dy, da = back(i, gather(shard), r, dy)
-            return (dy, add(dargs, da)), scatter(dw, shard)
+            dw, dy, da = back(i, skip.collective(i, lambda: gather(shard)), r, dy)
+            return (dy, add(dargs, da)), skip.collective(i, lambda: scatter(dw, shard))
         (dy, dargs), grads = jax.lax.scan(body, (dy, zeros), (shards, res, jnp.arange(n)),
                                           reverse=True)
         return grads, dy, dargs
-    return _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add)
+    return _pipelined_backward(back, lambda i, s: skip.collective(i, lambda: gather(s)),
+                               lambda i, g, s: skip.collective(i, lambda: scatter(g, s)),
+                               shards, res, dy, n, zeros, add)
 
 
 def _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add):
@@ -181,23 +191,24 @@ def _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add):
     yet), layer 0's reduce-scatter after it; the scan's layer 0 prefetches a spare
     gather, which keeps the loop branch-free. Residuals and shards are indexed, never
     sliced (XLA would copy a slice of a stack before the loop)."""
-    w = gather(_index(shards, n - 1))
+    w = gather(n - 1, _index(shards, n - 1))
     pending, dy, dargs = back(n - 1, w, _index(res, n - 1), dy)
     if n == 1:
-        return jax.tree.map(lambda g: g[None], scatter(pending, _index(shards, 0))), dy, dargs
-    w_prev = gather(_index(shards, n - 2))
+        return jax.tree.map(lambda g: g[None], scatter(0, pending, _index(shards, 0))), dy, dargs
+    w_prev = gather(n - 2, _index(shards, n - 2))
 
     def body(carry, i):  # layer i, for i = n-2 .. 0
         dy, dargs, w, pending = carry
         r = _index(res, i)
-        w_below = gather(_index(shards, jnp.maximum(i - 1, 0)))
-        done = scatter(pending, _index(shards, i + 1))  # layer i+1's, independent of layer i
+        below = jnp.maximum(i - 1, 0)
+        w_below = gather(below, _index(shards, below))
+        done = scatter(i + 1, pending, _index(shards, i + 1))  # layer i+1's, beside layer i
         dw, dy, da = back(i, w, r, dy)
         return (dy, add(dargs, da), w_below, dw), done
 
     (dy, dargs, _, pending), above = jax.lax.scan(
         body, (dy, dargs, w_prev, pending), jnp.arange(n - 1), reverse=True)
-    first = scatter(pending, _index(shards, 0))
+    first = scatter(0, pending, _index(shards, 0))
     grads = jax.tree.map(lambda g, rest: jnp.concatenate([g[None], rest]), first, above)
     return grads, dy, dargs
 
