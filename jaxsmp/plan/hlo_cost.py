@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from jaxsmp.metrics.hlo import ARRAY, computations, shape_bytes
+
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_HEADER = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{$")
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
          "all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done",
@@ -92,13 +90,8 @@ class Rates:
     hbm_bytes: float
 
 
-def shape_bytes(shape: str) -> int:
-    return sum(_BYTES.get(t, 0) * math.prod(int(d) for d in dims.split(",") if d)
-               for t, dims in _ARRAY.findall(shape))
-
-
 def _dims(shape: str) -> list[int]:
-    found = _ARRAY.search(shape)
+    found = ARRAY.search(shape)
     return [int(d) for d in found.group(2).split(",") if d] if found else []
 
 
@@ -126,20 +119,11 @@ def _instruction(line: str) -> Instr | None:
 
 def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
     """(computations by name, the entry computation's name) of an HLO module's text."""
-    computations: dict[str, list[Instr]] = {}
-    entry, current = "", None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header:
-            current = computations.setdefault(header.group(2), [])
-            entry = header.group(2) if header.group(1) else entry
-        elif line.startswith("}"):
-            current = None
-        elif current is not None and (instr := _instruction(line)):
-            current.append(instr)
+    lines, entry = computations(text)
     if not entry:
         raise ValueError("no ENTRY computation in the HLO text")
-    return computations, entry
+    return {name: [i for line in body if (i := _instruction(line))]
+            for name, body in lines.items()}, entry
 
 
 def _called(attrs: str, key: str) -> list[str]:
