@@ -18,7 +18,7 @@ from jaxsmp.losses import next_token_loss
 from jaxsmp.nn import rotary_tables
 from jaxsmp.pipeline import make_schedule
 from jaxsmp.pipeline.partition import stack_layers
-from jaxsmp.pipeline.simulator import lockstep_time
+from jaxsmp.pipeline.simulator import async_time, lockstep_time
 
 PP, SDP, MICRO, BATCH, SEQ = 4, 2, 4, 16, 128  # 2 rows per microbatch and device
 WIDTH = dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
@@ -72,8 +72,9 @@ def piece_times(config, repeats: int = 7) -> tuple[float, float, float]:
     return tuple(_medians(fns, [(w, h), (w, h, h), (head, h)], repeats))
 
 
-def simulated(counts, pieces) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
-    """(step, busy per stage, idle fraction per stage) of 1F1B in lock-step."""
+def simulated(counts, pieces, run=None):
+    """(step, busy per stage, idle fraction per stage) of 1F1B in lock-step (jaxsmp's
+    SPMD runner), or as ``run`` (e.g. :func:`async_time`) runs it."""
     t_f, t_fb, t_head = pieces
 
     def duration(stage, op):
@@ -81,7 +82,7 @@ def simulated(counts, pieces) -> tuple[float, tuple[float, ...], tuple[float, ..
         if op.kind == "B":
             return n * t_fb
         return n * t_f + (t_head if stage == PP - 1 else 0.0)
-    timing = lockstep_time(make_schedule("interleaved", PP, MICRO), duration)
+    timing = (run or lockstep_time)(make_schedule("interleaved", PP, MICRO), duration)
     return timing.step, timing.busy, timing.idle_fraction
 
 
@@ -112,18 +113,22 @@ def _counts(split) -> tuple[int, ...]:
 def balance_table(steps: int) -> None:
     print(f"\nBalance: GPT-NeoX 8 layers d=512, 1F1B, pp={PP} sdp={SDP}, {MICRO} microbatches "
           f"of {BATCH // SDP // MICRO}x{SEQ} tokens per device\n")
-    print("| vocab | split | layers per stage | CPU step s (median) | simulated step ms | "
-          "busy ms per stage | idle fraction per stage | simulated speed-up |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| vocab | split | layers per stage | CPU step s (median) | lock-step ms | "
+          "busy ms per stage | idle fraction per stage | lock-step speed-up | "
+          "asynchronous ms (speed-up) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for vocab in (50304, 8192, 512):
         config = jaxsmp.models.preset("gpt_neox", "tiny", vocab_size=vocab, **WIDTH)
         pieces = piece_times(config)
         splits, cpu = measured_steps(config, steps)
         base = simulated(_counts(splits["equal"]), pieces)[0]
+        base_async = simulated(_counts(splits["equal"]), pieces, async_time)[0]
         for (option, split), t in zip(splits.items(), cpu):
             step, busy, idle = simulated(_counts(split), pieces)
+            free = simulated(_counts(split), pieces, async_time)[0]
             print(f"| {vocab} | {option} | {_counts(split)} | {t:.2f} | {step * 1e3:.1f} | "
                   f"{', '.join(f'{b * 1e3:.1f}' for b in busy)} | "
-                  f"{', '.join(f'{i:.2f}' for i in idle)} | {base / step:.2f}x |", flush=True)
+                  f"{', '.join(f'{i:.2f}' for i in idle)} | {base / step:.2f}x | "
+                  f"{free * 1e3:.1f} ({base_async / free:.2f}x) |", flush=True)
         print(f"|  | pieces ms: layer F {pieces[0] * 1e3:.1f}, layer B {pieces[1] * 1e3:.1f}, "
-              f"head+loss F+B {pieces[2] * 1e3:.1f} | | | | | | |", flush=True)
+              f"head+loss F+B {pieces[2] * 1e3:.1f} | | | | | | | |", flush=True)

@@ -91,3 +91,25 @@ def lockstep_time(schedule: Schedule, duration) -> Timing:
     busy = tuple(sum(duration(s, op) for op in row if op is not None)
                  for s, row in enumerate(schedule.table))
     return Timing(step=sum(ticks), busy=busy)
+
+
+def async_time(schedule: Schedule, duration) -> Timing:
+    """:class:`Timing` of ``schedule``'s per-stage op order run asynchronously (each op
+    starts once its stage is free and its inputs are done, as MPMD runtimes run
+    pipelines), for comparison with :func:`lockstep_time`."""
+    simulate(schedule)
+    orders = [[op for op in row if op is not None] for row in schedule.table]
+    end: dict = {}
+    free, pos = [0.0] * schedule.stages, [0] * schedule.stages
+    while any(p < len(o) for p, o in zip(pos, orders)):
+        for s, order in enumerate(orders):
+            while pos[s] < len(order):
+                op = order[pos[s]]
+                deps = dependencies(op, s, schedule.stages, schedule.chunks)
+                if any(d not in end for d in deps):
+                    break
+                start = max([free[s]] + [end[d] for d in deps])
+                free[s] = end[(s, op)] = start + duration(s, op)
+                pos[s] += 1
+    busy = tuple(sum(duration(s, op) for op in order) for s, order in enumerate(orders))
+    return Timing(step=max(free), busy=busy)

@@ -189,3 +189,25 @@ def test_one_f_one_b_counts_lighten_the_last_stage_in_lock_step():
     assert seconds(heavy, 4.0) < seconds((3, 3, 3, 3), 4.0)
     every = [c for c in itertools.product(range(1, 10), repeat=4) if sum(c) == 12]
     assert seconds(heavy, 4.0) == min(seconds(c, 4.0) for c in every)  # the best of all 165
+
+
+def test_lockstep_and_async_times():
+    """Unit ops: both give the tick count. Otherwise the lock-step run (every tick its
+    slowest op) is never faster than the asynchronous one, and with a heavy last stage
+    strictly slower (the reason unequal splits gain less in jaxsmp's SPMD runner)."""
+    from jaxsmp.pipeline import make_schedule
+    from jaxsmp.pipeline.simulator import async_time, lockstep_time
+    schedule = make_schedule("interleaved", 4, 8)
+    assert lockstep_time(schedule, lambda s, op: 1.0).step == schedule.ticks == 22
+    assert async_time(schedule, lambda s, op: 1.0).step == 22
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        cost = rng.uniform(0.5, 2.0, (4, 2))
+        def duration(s, op):
+            return cost[s, int(op.kind == "B")]
+        assert async_time(schedule, duration).step <= lockstep_time(schedule, duration).step
+    def heavy(s, op):
+        return (2.0 if op.kind == "B" else 1.0) * (1, 2, 2, 1)[s] + (4.0 if s == 3 and op.kind == "F" else 0)
+    timing = async_time(schedule, heavy)
+    assert timing.step < lockstep_time(schedule, heavy).step
+    assert timing.busy[3] == 8 * (1 + 4) + 8 * 2
