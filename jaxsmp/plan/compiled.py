@@ -97,9 +97,10 @@ def memory_of(compiled: Any) -> CompiledMemory:
 
 
 def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
-                      devices: list | None = None):
+                      devices: list | None = None, stages: tuple[int, ...] = ()):
     """The compiled ``jaxsmp.step(causal_lm_loss, ...)`` of ``candidate`` (as
-    :func:`compile_memory`)."""
+    :func:`compile_memory`); ``stages``: the planner's layers per (virtual) pipeline
+    stage (:attr:`jaxsmp.plan.StepTime.stages`), which the step then runs."""
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
@@ -115,7 +116,10 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
                        devices=devices[:c.world], collectives="xla")
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)  # as jaxsmp.init, abstract
     batch = {"tokens": jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32)}
-    step = jaxsmp.step(causal_lm_loss, **c.step_options())
+    options = c.step_options()
+    if stages:
+        options["pipeline_partition"] = tuple(stages)
+    step = jaxsmp.step(causal_lm_loss, **options)
     if devices[0].platform == "cpu":
         compiled = step.lower(state, batch).compile()
     else:

@@ -90,7 +90,8 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     candidate = getattr(plan, "candidate", plan)
     devices = _topology(gpu, candidate.world)
     start = time.perf_counter()
-    compiled = compile_candidate(config, candidate, seq_len, devices=devices)
+    stages = getattr(getattr(plan, "time", None), "stages", ())  # the planner's split
+    compiled = compile_candidate(config, candidate, seq_len, devices=devices, stages=stages)
     seconds = time.perf_counter() - start
     w = Workload(config, seq_len)
     predicted = estimate_memory(w, candidate, semantics, backend="gpu")

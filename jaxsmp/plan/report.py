@@ -19,12 +19,19 @@ def table(plans: Sequence[Plan]) -> str:
         m = p.memory
         work = m.working + m.logits + m.batch
         lines.append(
-            f"{i:>3}  {p.candidate.label():<58} {m.total / GiB:>8.1f}  {m.state / GiB:>6.1f} "
+            f"{i:>3}  {_label(p):<58} {m.total / GiB:>8.1f}  {m.state / GiB:>6.1f} "
             f"{m.grads / GiB:>6.1f} {m.gathered / GiB:>6.1f} {m.activations / GiB:>6.1f} "
             f"{work / GiB:>6.1f} {m.framework / GiB:>5.1f}  "
             f"{p.throughput.model_tflops_per_gpu:>7.1f} {p.throughput.mfu:>5.1%} "
             f"{p.throughput.step_seconds:>7.2f}" + ("" if p.fits else "  (does not fit)"))
     return "\n".join(lines)
+
+
+def _label(p: Plan) -> str:
+    """The configuration, with the layers per stage when the stages differ."""
+    stages = p.time.stages
+    split = f" layers {','.join(map(str, stages))}" if len(set(stages)) > 1 else ""
+    return p.candidate.label() + split
 
 
 def _shares(p: Plan) -> str:
@@ -52,7 +59,7 @@ def why(plans: Sequence[Plan]) -> str:
                 f"{smallest.memory.total / GiB:.1f} GiB per GPU of {smallest.capacity / GiB:.1f}."
                 f" Use more nodes, GPUs with more memory, or a shorter sequence.")
     b = best.candidate
-    lines = [f"#1 {b.label()}: {best.throughput.step_seconds:.2f} s per step "
+    lines = [f"#1 {_label(best)}: {best.throughput.step_seconds:.2f} s per step "
              f"({_shares(best)}), {best.memory.total / GiB:.1f} of "
              f"{best.capacity / GiB:.1f} GiB per GPU."]
     rivals = [

@@ -44,7 +44,10 @@ class Plan:
         return {**c.as_dict(), "memory_gib_per_gpu": self.memory.total / GiB,
                 "capacity_gib_per_gpu": self.capacity / GiB,
                 "memory_breakdown_gib": self.memory.as_gib(), "memory_peak_at": self.memory.phase,
-                "step_seconds": t.step_seconds, "time_breakdown_seconds": vars(self.time),
+                "pipeline_partition": list(self.time.stages),
+                "step_seconds": t.step_seconds,
+                "time_breakdown_seconds": {k: v for k, v in vars(self.time).items()
+                                           if k != "stages"},
                 "tokens_per_second": t.tokens_per_second, "tflops_per_gpu": t.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu, "mfu": t.mfu,
                 "fits": self.fits}

@@ -11,7 +11,6 @@ See :mod:`jaxsmp.plan` for the assumptions and their sources.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
@@ -21,6 +20,9 @@ from collectives import CostModel, Topology
 from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
+from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts
+from jaxsmp.pipeline.schedule import make_schedule
+from jaxsmp.pipeline.simulator import lockstep_time
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 
@@ -44,10 +46,11 @@ class StepTime:
     dp: float            # gradient all-reduce over dp
     optimizer: float
     offload: float       # host transfers not hidden behind compute
+    stages: tuple[int, ...] = ()  # layers per (virtual) pipeline stage, as the step splits
 
     @property
     def total(self) -> float:
-        return sum(asdict(self).values())
+        return sum(v for k, v in asdict(self).items() if k != "stages")
 
 
 @dataclass(frozen=True)
@@ -259,11 +262,13 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     layer = _layer(w, c, cluster, semantics, fitted)
     compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
     edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
-    layers = math.ceil(w.layers / c.pp)
     m = c.microbatches
     branchless = 2 if c.pp > 1 and c.schedule == "interleaved" and c.tp > 1 else 1
-    per_microbatch = (layers * (compute + exposed + layer.tp + layer.cp + offload) * branchless
-                      + edges)
+    per_layer = (compute + exposed + layer.tp + layer.cp + offload) * branchless
+    head = _head(w, c, cluster, fitted)
+    split = _stage_split(w, c, layer, per_layer, head)
+    layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers)
+    per_microbatch = layers * per_layer + edges
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
@@ -272,16 +277,66 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     tokens = c.microbatch_size * w.seq_len // c.cp
     sends = 2 * c.virtual_chunks * _send(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
+    bubble = (pipeline + m * sends) * _bubble(c)
+    if c.pp > 1 and c.schedule == "interleaved":  # the head runs in the last stage's ticks
+        bubble = max(0.0, _lockstep(c, split, layer, per_layer, head) - m * busy)
     return StepTime(
-        compute=m * layers * compute * branchless + m * _head(w, c, cluster, fitted),
+        compute=m * layers * compute * branchless + m * head * head_here,
         sdp=m * (layers * exposed * branchless + edges + top),
         tp=m * layers * layer.tp * branchless,
         pp=m * sends,
-        bubble=(pipeline + m * sends) * _bubble(c),
+        bubble=bubble,
         dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload * branchless,
-        cp=m * layers * layer.cp * branchless)
+        cp=m * layers * layer.cp * branchless, stages=split)
+
+
+def _forward_share(layer: _Layer) -> float:
+    return layer.forward / (layer.forward + layer.backward + layer.recompute)
+
+
+def _stage_split(w: Workload, c: Candidate, layer: _Layer, per_layer: float,
+                 head: float) -> tuple[int, ...]:
+    """Layers per (virtual) stage as ``pipeline_partition="auto"`` splits them: the
+    1F1B split fastest in lock-step with the head in the last stage's forward ticks;
+    the most even one for the other schedules (their head runs outside the ticks)."""
+    if c.pp == 1:
+        return ()
+    parts = c.pp * c.virtual_chunks
+    if w.layers < parts:
+        raise ValueError(f"{c.label()} needs at least pp x chunks = {parts} layers; the "
+                         f"model has {w.layers}")
+    if c.schedule != "interleaved":
+        return balanced_counts([1.0] * w.layers, parts)
+    forward = per_layer * _forward_share(layer)
+    return one_f_one_b_counts(w.layers, c.pp, c.microbatches, forward, per_layer - forward,
+                              head)
+
+
+def _busiest(c: Candidate, split: tuple[int, ...], per_layer: float, head: float,
+             num_layers: int) -> tuple[int, int, float]:
+    """(layers, 1 if it runs the head else 0, seconds per microbatch) of the busiest stage."""
+    if not split:
+        return num_layers, 1, num_layers * per_layer + head
+    layers = [sum(split[s::c.pp]) for s in range(c.pp)]
+    inside = c.schedule == "interleaved"   # else every stage runs the head, outside
+    loads = [n * per_layer + (head if inside and s == c.pp - 1 else 0.0)
+             for s, n in enumerate(layers)]
+    s = max(range(c.pp), key=loads.__getitem__)
+    return layers[s], int(not inside or s == c.pp - 1), loads[s]
+
+
+def _lockstep(c: Candidate, split: tuple[int, ...], layer: _Layer, per_layer: float,
+              head: float) -> float:
+    """Seconds of the 1F1B ticks, every tick as long as its slowest stage's op."""
+    forward = per_layer * _forward_share(layer)
+
+    def duration(s, op):
+        if op.kind == "B":
+            return split[s] * (per_layer - forward)
+        return split[s] * forward + (head if s == c.pp - 1 else 0.0)
+    return lockstep_time(make_schedule("interleaved", c.pp, c.microbatches), duration).step
 
 
 def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:

@@ -105,3 +105,32 @@ def test_a_fitted_constant_out_of_range_is_refused():
     from jaxsmp.plan.calibration import Fitted
     with pytest.raises(ValueError, match="matmul must be in"):
         Fitted(matmul=0.0)
+
+
+def test_pipeline_stages_are_split_as_the_step_splits_them():
+    """1F1B runs the head in the last stage's ticks: with a head as heavy as a 512k
+    vocabulary on a narrow model, the planner takes the step's lock-step split (the last
+    stage lighter) and it predicts less time than the equal split would take."""
+    from jaxsmp.plan import throughput as tp
+    heavy = Workload(jaxsmp.models.preset("gpt_neox", "1.3b", vocab_size=512000), 2048)
+    c = Candidate(1, 32, 1, 4, 1, 16, "full", schedule="interleaved")
+    step = estimate_time(heavy, c, P4D)
+    assert sum(step.stages) == 24 and step.stages[-1] < max(step.stages)
+    layer = tp._layer(heavy, c, P4D, TARGET, tp.FITTED)
+    compute, exposed, offload = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
+    per_layer = compute + exposed + layer.tp + layer.cp + offload
+    head = tp._head(heavy, c, P4D, tp.FITTED)
+    assert (tp._lockstep(c, step.stages, layer, per_layer, head)
+            < tp._lockstep(c, (6, 6, 6, 6), layer, per_layer, head))
+    simple = estimate_time(heavy, Candidate(1, 32, 1, 4, 1, 16, "full"), P4D)
+    assert simple.stages == (6, 6, 6, 6)   # its head runs on every stage, outside the ticks
+
+
+def test_the_report_names_an_unequal_split():
+    from jaxsmp.plan.report import records, table
+    from jaxsmp.plan.search import evaluate
+    heavy = Workload(jaxsmp.models.preset("gpt_neox", "1.3b", vocab_size=512000), 2048)
+    plan = evaluate(heavy, Candidate(1, 32, 1, 4, 1, 16, "full", schedule="interleaved"),
+                    P4D)
+    assert "layers 10,3,10,1" in table([plan])
+    assert records([plan])[0]["pipeline_partition"] == [10, 3, 10, 1]
