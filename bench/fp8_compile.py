@@ -14,19 +14,27 @@ Two settings the compile needs, both about compiling without a GPU:
 """
 from __future__ import annotations
 
-import argparse
-import re
-import sys
+import os
 
-import jax
-import numpy as np
-import optax
-from jax.experimental import topologies
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # no CUDA runtime here: compile deviceless
 
-import jaxsmp
-from jaxsmp.checkpoint import abstract_state
-from jaxsmp.losses import causal_lm_loss
-from jaxsmp.plan import gpu_target
+import argparse  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# bench/collectives.py would shadow the ``collectives`` package jaxsmp imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+
+import jaxsmp  # noqa: E402
+from jaxsmp.checkpoint import abstract_state  # noqa: E402
+from jaxsmp.losses import causal_lm_loss  # noqa: E402
+from jaxsmp.plan import gpu_target  # noqa: E402
 
 FP8_GEMM = "__cublas$lt$matmul$f8"
 CUDA_RUNTIME = "runtime_version { major: 12 minor: 8 }"
