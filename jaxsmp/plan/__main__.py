@@ -30,7 +30,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
+                   help="fp8: float8 Linears on H100/H200 (refused on A100s)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--remat", nargs="+", default=list(POLICIES), choices=POLICIES,
                    help="remat policies to consider")

@@ -72,7 +72,10 @@ class Candidate:
         if self.cp > 1 and self.pp > 1:   # as jaxsmp.step refuses it
             raise ValueError(f"context parallelism (cp={self.cp}) with pipeline parallelism "
                              f"(pp={self.pp}) is not supported yet; use pp=1 or cp=1")
-        precision_policy(self.precision)
+        if precision_policy(self.precision).fp8 and self.pp > 1 and self.schedule == "interleaved":
+            raise ValueError("precision='fp8' with schedule='interleaved' (1F1B) is not "
+                             "supported yet (as jaxsmp.step refuses it); use 'simple' or "
+                             "'virtual'")
 
     @property
     def world(self) -> int:

@@ -19,11 +19,13 @@ from jaxsmp.plan.throughput import _all_reduce, _collective, _cost
 def rates(gpu: GPU, precision: str, fitted: Fitted = FITTED) -> Rates:
     """The rates the analytic model charges on ``gpu``: matmuls at the achievable
     fraction, fused attention at its rate (both times the fitted constants), HBM at
-    ``HBM_EFFICIENCY`` of the data sheet."""
+    ``HBM_EFFICIENCY`` of the data sheet; with ``"fp8"`` its FP8 GEMMs at the float8 peak."""
     peak = gpu.flops(precision)
+    fp8 = gpu.linear_flops(precision) if precision == "fp8" else 0.0
     return Rates(peak * gpu.matmul_efficiency * fitted.matmul,
                  peak * gpu.attention_efficiency * fitted.attention,
-                 gpu.hbm_bandwidth * HBM_EFFICIENCY)
+                 gpu.hbm_bandwidth * HBM_EFFICIENCY,
+                 fp8 * gpu.matmul_efficiency * fitted.matmul)
 
 
 def collective_seconds(c: Collective, cluster: Cluster) -> float:

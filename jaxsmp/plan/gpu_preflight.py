@@ -17,6 +17,7 @@ from typing import Any
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.compiled import GiB, CompiledMemory, compile_candidate, memory_of
 from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
+from jaxsmp.plan.gpu_target import count_fp8_gemms
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import FRAMEWORK_BYTES, MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, estimate_time
@@ -33,6 +34,7 @@ class GpuPreflight:
     seconds: float
     time: CompiledTime | None = None    # the roofline over the compiled program
     predicted_time: StepTime | None = None   # the analytic model's step
+    fp8_gemms: int | None = None   # cuBLASLt FP8 GEMM calls in the program (precision="fp8")
 
     @property
     def total(self) -> float:
@@ -65,6 +67,9 @@ class GpuPreflight:
         lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
                      f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
         lines.append(f"  model vs compiled peak: {self.error:+.1%}")
+        if self.fp8_gemms is not None:
+            lines.append(f"  fp8: {self.fp8_gemms} cuBLASLt FP8 GEMM calls in the compiled "
+                         f"program")
         if self.time is not None:
             lines.append(self.time.summary(self.predicted_time))
         return "\n".join(lines)
@@ -88,6 +93,7 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     from jaxsmp.plan.search import load_model
     config = load_model(model_config)
     candidate = getattr(plan, "candidate", plan)
+    GPUS[gpu].check_precision(candidate.precision)
     devices = _topology(gpu, candidate.world)
     start = time.perf_counter()
     stages = getattr(getattr(plan, "time", None), "stages", ())  # the planner's split
@@ -99,5 +105,6 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     if cluster is not None:
         timed = compiled_time(compiled, GPUS[gpu], candidate.precision, cluster)
         step = estimate_time(w, candidate, cluster, semantics)
+    fp8 = count_fp8_gemms(compiled.as_text()) if candidate.precision == "fp8" else None
     return GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
-                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step)
+                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8)

@@ -17,7 +17,9 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class GPU:
-    """One accelerator. ``peak_flops``: dense bf16/fp16 tensor FLOP/s; ``matmul_efficiency``:
+    """One accelerator. ``peak_flops``: dense bf16/fp16 tensor FLOP/s; ``fp8_flops``: dense
+    float8 tensor FLOP/s (0: no FP8 tensor cores, which ``precision="fp8"`` needs);
+    ``matmul_efficiency``:
     the largest measured fraction of it a matmul reaches; ``attention_efficiency``: the
     fraction FlashAttention's forward + backward reaches; ``memory_bytes`` / ``hbm_bandwidth``
     (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction."""
@@ -30,11 +32,29 @@ class GPU:
     attention_efficiency: float
     tf32_flops: float
     source: str = ""
+    fp8_flops: float = 0.0
 
     def flops(self, precision: str) -> float:
-        """Peak matmul FLOP/s in ``precision``: XLA:GPU runs float32 matmuls at default
-        precision on TF32 tensor cores."""
+        """Peak matmul FLOP/s of the compute dtype of ``precision``: XLA:GPU runs float32
+        matmuls at default precision on TF32 tensor cores; ``"fp8"`` computes in bf16
+        outside the layers' Linears (attention, the vocabulary projection)."""
         return self.tf32_flops if precision == "fp32" else self.peak_flops
+
+    def linear_flops(self, precision: str) -> float:
+        """Peak FLOP/s of the layers' Linears (QKV, attention output, MLP in and out):
+        their forward, input-gradient and kernel-gradient GEMMs run in float8 with
+        ``"fp8"`` (:mod:`jaxsmp.nn.fp8`), else as :meth:`flops`."""
+        if precision != "fp8":
+            return self.flops(precision)
+        self.check_precision(precision)
+        return self.fp8_flops
+
+    def check_precision(self, precision: str) -> None:
+        """Refuses ``"fp8"`` on a GPU without FP8 tensor cores (as ``jaxsmp.step`` does
+        below compute capability 8.9), naming the GPU and what to use."""
+        if precision == "fp8" and not self.fp8_flops:
+            raise ValueError(f"precision 'fp8' needs FP8 tensor cores (compute capability "
+                             f">= 8.9: H100, H200); {self.name} has none; use 'bf16'")
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,8 @@ ALPHA_INTRA, ALPHA_INTER = 5e-6, 20e-6
 # Matmul efficiencies: the maximum achievable matmul FLOPS (MAMF) measured with BF16 inputs
 # by S. Bekman, "ML Engineering", compute/accelerator: A100 SXM 267.9 of 312 TFLOPS (85.9%),
 # H100 SXM 792.1 of 989 (80.1%); H200 is the same chip (GH200 measured 83.0%: 80% kept).
+# FP8 dense peaks: 1979 TFLOPS on H100 SXM and H200 (data sheets: 3958 with sparsity),
+# 2x bf16; the same fraction of it is assumed reachable (no FP8 MAMF measured here).
 # Attention efficiencies: FlashAttention-2 forward + backward (Dao 2023, fig. 4-5: about
 # 170 TFLOPS on A100 at head dim 128, causal) and on H100 (Shah et al. 2024,
 # FlashAttention-3, fig. 7: FlashAttention-2 about 340 of 989 TFLOPS).
@@ -92,9 +114,9 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("A100-80GB", 312e12, 80 * GiB, 2039 * GB, 300 * GB, 0.859, 0.55, 156e12,
         "NVIDIA A100 data sheet (SXM4 80GB)"),
     GPU("H100-SXM", 989e12, 80 * GiB, 3350 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
-        "NVIDIA H100 data sheet (SXM5)"),
+        "NVIDIA H100 data sheet (SXM5)", fp8_flops=1979e12),
     GPU("H200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
-        "NVIDIA H200 data sheet (SXM)"),
+        "NVIDIA H200 data sheet (SXM)", fp8_flops=1979e12),
 )}
 
 NODES: dict[str, Node] = {n.name: n for n in (

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jaxsmp.metrics.hlo import ARRAY, computations, shape_bytes
+from jaxsmp.plan.gpu_target import FP8_GEMM
 
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
@@ -84,10 +85,12 @@ class KernelTime:
 
 @dataclass(frozen=True)
 class Rates:
-    """What a kernel reaches: FLOP/s of matmuls and of fused attention, HBM bytes/s."""
+    """What a kernel reaches: FLOP/s of matmuls and of fused attention, HBM bytes/s;
+    ``fp8_matmul_flops``: of cuBLASLt FP8 GEMMs (0: at ``matmul_flops``)."""
     matmul_flops: float
     attention_flops: float
     hbm_bytes: float
+    fp8_matmul_flops: float = 0.0
 
 
 def _dims(shape: str) -> list[int]:
@@ -227,7 +230,9 @@ class _Coster:
         flops = self.matmul_flops(comp, i, target)
         memory = nbytes / self.rates.hbm_bytes
         if flops:
-            total.matmul += max(flops / self.rates.matmul_flops, memory)
+            rate = (self.rates.fp8_matmul_flops if target == FP8_GEMM else 0.0) \
+                or self.rates.matmul_flops
+            total.matmul += max(flops / rate, memory)
             total.matmul_flops += flops
         else:
             total.memory += memory

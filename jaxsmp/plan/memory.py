@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
+from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 
@@ -32,13 +33,16 @@ LOGIT_BYTES = 8
 # Without remat, the backward of a layer needs room for its activations' gradients:
 # about this fraction of what the layer saved.
 NONE_WORKING = 0.5
+# precision="fp8": each Linear's float32 amax histories, one row per quantized tensor
+# (input, kernel, output gradient) of DEFAULT_HISTORY steps (jaxsmp.nn.fp8).
+AMAX_BYTES_PER_LINEAR = len(ROWS) * DEFAULT_HISTORY * 4
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes per device. ``state``: float32 master parameters + optimizer state (the
-    step's arguments and, donated, its outputs); ``batch``: the token shard; the rest
-    are the compiled step's temporaries."""
+    """Bytes per device. ``state``: float32 master parameters + optimizer state + fp8
+    amax histories (the step's arguments and, donated, its outputs); ``batch``: the
+    token shard; the rest are the compiled step's temporaries."""
     params: float
     optimizer: float
     batch: float
@@ -48,11 +52,12 @@ class MemoryBreakdown:
     working: float
     logits: float
     framework: float
+    amax: float = 0.0
     phase: str = "backward"
 
     @property
     def state(self) -> float:
-        return self.params + self.optimizer
+        return self.params + self.optimizer + self.amax
 
     @property
     def arguments(self) -> float:
@@ -107,7 +112,7 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     accumulator = 4 * shards.local if c.grad_accum > 1 else 0
     saved = _saved_activations(w, c, tokens, layers, tp, backend)
     state = dict(params=4 * shards.local, optimizer=OPTIMIZER_BYTES_PER_PARAM * shards.local,
-                 batch=4 * c.local_batch * w.seq_len,
+                 batch=4 * c.local_batch * w.seq_len, amax=amax_bytes(w, c),
                  framework=FRAMEWORK_BYTES if backend == "gpu" else 0.0)
     embedding = _whole_sequence_embedding(w, c, cbytes)
     # with tp > 1 the head and loss run on the whole sequence (jaxsmp.context.sequence)
@@ -129,6 +134,18 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
                                     + _ring_buffers(w, c, tokens, tp, cbytes, backend)),
         logits=0.0, phase="backward")
     return max(head, backward, key=lambda m: m.peak)
+
+
+def amax_bytes(w: Workload, c: Candidate) -> float:
+    """The fp8 amax histories on one device: replicated over dp, sdp, cp and tp, split
+    over pp with the layer stack when pp divides it (:mod:`jaxsmp.train.fp8_state`);
+    0 for other precisions. Weights are gathered and temporaries kept in bf16, as the
+    compute dtype of ``"fp8"`` already states."""
+    if not precision_policy(c.precision).fp8:
+        return 0.0
+    stacked, top = w.fp8_linears
+    stored = w.layers // c.pp if w.layers % c.pp == 0 else w.layers
+    return AMAX_BYTES_PER_LINEAR * (stacked * stored + top)
 
 
 def _pipeline_grads(c: Candidate, shards, layer: float, layers: int) -> float:

@@ -17,6 +17,7 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
 from jaxsmp.plan.workload import Workload
+from jaxsmp.train.precision import precision_policy
 
 GiB = 1 << 30
 VIRTUAL_CHUNKS = (2,)   # chunks per stage the search tries for the virtual schedule
@@ -84,6 +85,8 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
     at least :data:`LONG_SEQUENCE` tokens, else cp = 1 only)."""
     if context is None:
         context = CONTEXT_DEGREES if w.seq_len >= LONG_SEQUENCE else (1,)
+    if precision_policy(precision).fp8:   # 1F1B cannot run fp8 (Candidate refuses it)
+        schedules = [s for s in schedules if s != "interleaved"]
     for dp, sdp, tp, pp, cp in _meshes(w, cluster, global_batch, context):
         local = global_batch // (dp * sdp)
         for mbs in divisors(local):
@@ -145,6 +148,7 @@ def _schedules(w: Workload, pp: int, microbatches: int, schedules: Sequence[str]
 
 def evaluate(w: Workload, c: Candidate, cluster: Cluster,
              semantics: Semantics = TARGET, fitted: Fitted = FITTED) -> Plan:
+    cluster.node.gpu.check_precision(c.precision)
     memory = estimate_memory(w, c, semantics)
     step = estimate_time(w, c, cluster, semantics, fitted)
     return Plan(c, memory, step, throughput(w, c, cluster, step),
@@ -159,6 +163,7 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
     fit in memory, fastest first (``include_unfit``: then the others, smallest first)."""
     if not isinstance(global_batch, int) or global_batch < 1:
         raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
+    cluster.node.gpu.check_precision(precision)
     w = _workload(load_model(model_config), seq_len)
     def every(context: Sequence[int] | None) -> list[Plan]:
         return [evaluate(w, c, cluster, semantics) for c in

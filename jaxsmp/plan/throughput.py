@@ -107,7 +107,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul_flops = 2 * w.layer_matmul_params / split * tokens
     matmul_bytes = cbytes * (w.layer_matmul_params / split + 8 * tokens * w.hidden)
-    matmul = max(matmul_flops / (rate * gpu.matmul_efficiency * fitted.matmul),
+    linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
+    matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
                  matmul_bytes / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
     attention = causal_flops / (rate * gpu.attention_efficiency * fitted.attention)

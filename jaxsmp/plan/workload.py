@@ -131,6 +131,20 @@ class Workload:
         """Matmul weights (kernels) of one layer: 2 FLOPs per token each, forward."""
         return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked and len(p.shape) > 2)
 
+    @functools.cached_property
+    def fp8_linears(self) -> tuple[int, int]:
+        """Linears with an amax history under ``precision="fp8"``
+        (:func:`jaxsmp.train.fp8_state.runs_fp8`): (per stacked layer, outside the stack)."""
+        from jaxsmp.train.fp8_state import runs_fp8
+        model = nnx.eval_shape(lambda: self.config.build(nnx.Rngs(0)))
+        stacked = top = 0
+        for _, module in nnx.iter_modules(model):
+            if runs_fp8(module):
+                lead = module.kernel.get_metadata().get("out_sharding", (None,))[:1]
+                stacked += lead == ("layers",)
+                top += lead != ("layers",)
+        return stacked, top
+
     @property
     def hidden(self) -> int:
         return self.config.hidden_size

@@ -56,6 +56,12 @@ def _meta(kernel: nnx.Variable, history: int, abstract: bool, mesh) -> Fp8Meta:
                    mesh_axes=axes)
 
 
+def runs_fp8(module: Any, vocab: bool = False) -> bool:
+    """Whether ``module`` is a Linear that fp8 runs in float8 (and gives a history): every
+    one but the vocabulary projection, which only ``vocab=True`` includes."""
+    return isinstance(module, Linear) and (vocab or logical_axes(module.kernel)[-1] != "vocab")
+
+
 def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
     """``state`` (concrete or abstract) whose Linears carry zero amax histories of
     length ``history``; a state that has them already is returned as it is."""
@@ -66,7 +72,7 @@ def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
     abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state.params))
     model = nnx.merge(state.graphdef, state.params)
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, Linear) and (vocab or logical_axes(module.kernel)[-1] != "vocab"):
+        if runs_fp8(module, vocab):
             module.fp8 = nnx.data(_meta(module.kernel, history, abstract, state.mesh))
     graphdef, params = nnx.split(model, nnx.Any(nnx.Param, Fp8Meta))
     return state.replace(graphdef=graphdef, params=params)
