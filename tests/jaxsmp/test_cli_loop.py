@@ -86,6 +86,7 @@ def test_requiring_a_missing_checkpoint_fails_first_and_creates_nothing(cfg, tmp
     assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow  # three fp8 runs compiled on 8 devices: 40 s
 def test_an_fp8_run_resumes_with_its_amax_histories(cfg, tmp_path):
     """The trainer builds its state without histories (the step adds them at its first
     call); resuming must restore the checkpoint's histories, not refuse them."""
