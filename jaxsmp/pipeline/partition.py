@@ -13,6 +13,7 @@ to equal slot counts.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -103,12 +104,13 @@ def _bounds(loads: Sequence[float], stages: int) -> tuple[int, ...]:
     best = np.full((stages + 1, n + 1), np.inf)
     cut = np.zeros((stages + 1, n + 1), dtype=int)
     best[0, 0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n + 1):
-            for j in range(s - 1, i):
-                cost = max(best[s - 1, j], prefix[i] - prefix[j])
-                if cost < best[s, i]:
-                    best[s, i], cut[s, i] = cost, j
+    index = np.arange(n + 1)
+    span = prefix[:, None] - prefix[None, :]      # [i, j]: the load of layers j..i-1
+    for s in range(1, stages + 1):  # stage s ends at i, stage s-1 at j < i (first best j)
+        ok = (index[None, :] < index[:, None]) & (index[None, :] >= s - 1)
+        cost = np.where(ok, np.maximum(best[s - 1][None, :], span), np.inf)
+        cut[s] = np.argmin(cost, axis=1)
+        best[s] = cost[index, cut[s]]
     counts, i = [], n
     for s in range(stages, 0, -1):
         counts.append(i - cut[s, i])
@@ -144,16 +146,8 @@ def one_f_one_b_counts(num_layers: int, stages: int, microbatches: int, layer_fo
     head's forward and backward), its backward its layers' recompute and backward.
     Local search from the equal and the load-balanced splits, each move one layer
     between neighbours; the equal split stays unless another is ``tolerance`` faster."""
-    from jaxsmp.pipeline.schedule import make_schedule
-    from jaxsmp.pipeline.simulator import lockstep_time
-    schedule = make_schedule("interleaved", stages, microbatches)
-
     def seconds(counts):
-        def duration(s, op):
-            if op.kind == "B":
-                return counts[s] * layer_backward
-            return counts[s] * layer_forward + (head if s == stages - 1 else 0.0)
-        return lockstep_time(schedule, duration).step
+        return one_f_one_b_seconds(counts, microbatches, layer_forward, layer_backward, head)
     starts = [balanced_counts([layer_forward + layer_backward] * num_layers, stages,
                               last=head)]
     best = min((_descend(list(c), seconds) for c in starts), key=seconds)
@@ -163,6 +157,27 @@ def one_f_one_b_counts(num_layers: int, stages: int, microbatches: int, layer_fo
         if seconds(equal) <= (1 + tolerance) * seconds(best):
             return equal
     return best
+
+
+def one_f_one_b_seconds(counts: Sequence[int], microbatches: int, layer_forward: float,
+                        layer_backward: float, head: float) -> float:
+    """Seconds of the 1F1B ticks in lock-step with ``counts`` layers per stage (as
+    :func:`jaxsmp.pipeline.simulator.lockstep_time`, on the schedule's table at once)."""
+    kinds = _one_f_one_b_kinds(len(counts), microbatches)
+    n = np.asarray(counts, float)
+    forward = n * layer_forward
+    forward[-1] += head
+    ops = np.where(kinds == 1, forward, np.where(kinds == 2, n * layer_backward, 0.0))
+    return float(ops.max(axis=1).sum())
+
+
+@functools.lru_cache(maxsize=64)
+def _one_f_one_b_kinds(stages: int, microbatches: int) -> np.ndarray:
+    """``[tick, stage]``: 0 idle, 1 forward, 2 backward."""
+    from jaxsmp.pipeline.schedule import make_schedule
+    table = make_schedule("interleaved", stages, microbatches).table
+    return np.array([[0 if op is None else 1 if op.kind == "F" else 2 for op in row]
+                     for row in table]).T
 
 
 def _descend(counts: list[int], seconds) -> tuple[int, ...]:

@@ -20,9 +20,7 @@ from collectives import CostModel, Topology
 from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts
-from jaxsmp.pipeline.schedule import make_schedule
-from jaxsmp.pipeline.simulator import lockstep_time
+from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts, one_f_one_b_seconds
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 
@@ -309,6 +307,8 @@ def _stage_split(w: Workload, c: Candidate, layer: _Layer, per_layer: float,
         raise ValueError(f"{c.label()} needs at least pp x chunks = {parts} layers; the "
                          f"model has {w.layers}")
     if c.schedule != "interleaved":
+        if w.layers % parts == 0:
+            return (w.layers // parts,) * parts
         return balanced_counts([1.0] * w.layers, parts)
     forward = per_layer * _forward_share(layer)
     return one_f_one_b_counts(w.layers, c.pp, c.microbatches, forward, per_layer - forward,
@@ -332,12 +332,7 @@ def _lockstep(c: Candidate, split: tuple[int, ...], layer: _Layer, per_layer: fl
               head: float) -> float:
     """Seconds of the 1F1B ticks, every tick as long as its slowest stage's op."""
     forward = per_layer * _forward_share(layer)
-
-    def duration(s, op):
-        if op.kind == "B":
-            return split[s] * (per_layer - forward)
-        return split[s] * forward + (head if s == c.pp - 1 else 0.0)
-    return lockstep_time(make_schedule("interleaved", c.pp, c.microbatches), duration).step
+    return one_f_one_b_seconds(split, c.microbatches, forward, per_layer - forward, head)
 
 
 def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:
