@@ -13,8 +13,20 @@ from jax import lax
 
 
 def varying(x) -> frozenset:
-    """The manual mesh axes ``x`` varies over (empty outside ``shard_map``)."""
-    return frozenset(jax.typeof(x).mat.varying)
+    """The manual mesh axes ``x`` (a value or its abstract value) varies over (empty
+    outside ``shard_map``)."""
+    try:  # JAX 0.10 keeps the set in aval.mat.varying, later in aval.vma
+        aval = jax.typeof(x)
+    except TypeError:  # already an abstract value (e.g. a jaxpr's output)
+        aval = x
+    vma = getattr(aval, "vma", None)
+    return frozenset(vma if vma is not None else getattr(aval.mat, "varying", ()))
+
+
+def vary(x, axes: frozenset):
+    """``x`` made varying over ``axes`` (those it does not vary over already)."""
+    missing = tuple(sorted(axes - varying(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
 
 
 def match_vma(tree: Any, *refs) -> Any:
@@ -22,10 +34,7 @@ def match_vma(tree: Any, *refs) -> Any:
     array itself) varies over."""
     axes = frozenset().union(*(varying(r) for r in refs if r is not None))
 
-    def cast(x):
-        missing = tuple(sorted(axes - varying(x)))
-        return lax.pcast(x, missing, to="varying") if missing else x
-    return jax.tree.map(cast, tree)
+    return jax.tree.map(lambda x: vary(x, axes), tree)
 
 
 def out_struct(shape: tuple[int, ...], dtype, like: jax.Array) -> jax.ShapeDtypeStruct:

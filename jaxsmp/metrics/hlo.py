@@ -32,10 +32,12 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
     return comps, entry
 
 
-def callees(line: str) -> list[str]:
+def callees(line: str, key: str | None = None) -> list[str]:
     """The computations an instruction calls (loop bodies and conditions, fusions,
-    reductions' ``to_apply``, conditionals' branches)."""
-    return [c.strip().lstrip("%") for group in _CALLED.findall(line) for c in group.split(",")]
+    reductions' ``to_apply``, conditionals' branches); with ``key`` only those of that
+    attribute (e.g. ``body``)."""
+    pattern = _CALLED if key is None else re.compile(key + r"=\{?([%\w.\-, ]+)\}?")
+    return [c.strip().lstrip("%") for group in pattern.findall(line) for c in group.split(",")]
 
 
 def reachable(comps: dict[str, list[str]], root: str) -> set[str]:

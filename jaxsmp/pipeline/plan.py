@@ -21,15 +21,11 @@ from jaxsmp.pipeline.layout import StageLayout, check_counts, equal_counts
 from jaxsmp.pipeline.microbatch import split_microbatches
 from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
+from jaxsmp.checks import positive_int
 
 # forward(params, batch, stage_runner) -> (loss, metrics), the stage runner being the
 # Stack's hook (None: a plain scan over the local layers)
 Forward = Callable[[nnx.State, Any, Any], tuple[jax.Array, dict]]
-
-
-def _positive(name: str, value) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ class PipelinePlan:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; valid: {SCHEDULES}")
         for name in ("stages", "microbatches", "virtual_chunks"):
-            _positive(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if self.stages > 1:
             check_microbatches(self.schedule, self.stages, self.microbatches)
             if self.num_layers is not None:

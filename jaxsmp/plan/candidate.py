@@ -8,6 +8,7 @@ from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
 from jaxsmp.pipeline.simulator import Report, simulate
 from jaxsmp.train.precision import precision_policy
+from jaxsmp.checks import positive_int
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,7 @@ class Candidate:
     def __post_init__(self) -> None:
         for name in ("dp", "sdp", "tp", "pp", "cp", "microbatch_size", "microbatches",
                      "virtual_chunks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
         if self.schedule not in SCHEDULES:

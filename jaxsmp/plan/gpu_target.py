@@ -25,6 +25,7 @@ from importlib import resources
 from typing import Any, Iterator
 
 import jax
+from jaxsmp.checks import positive_int
 
 # The CUDA runtime the compiles assume (the configs describe devices, not toolkits):
 # without one XLA takes it to be 0.0.0, and its GEMM rewriter emits FP8 cuBLASLt GEMMs
@@ -59,8 +60,7 @@ def topology(gpu: str = "H100-SXM", gpus_per_host: int = 8, hosts: int = 1,
     ``jaxsmp.Mesh(..., devices=...)``; nothing is allocated on them."""
     from jax.experimental import topologies
     for name, value in (("gpus_per_host", gpus_per_host), ("hosts", hosts), ("slices", slices)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
     try:
         topo = topologies.get_topology_desc(
             platform="cuda", topology=f"{slices}x{hosts}x{gpus_per_host}",

@@ -7,6 +7,7 @@ checked against (see :mod:`jaxsmp.plan`).
 from __future__ import annotations
 
 import re
+from jaxsmp.checks import positive_int
 from dataclasses import dataclass
 
 from collectives import CostModel
@@ -87,8 +88,7 @@ class Cluster:
     nodes: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ValueError(f"nodes must be a positive integer, got {self.nodes!r}")
+        positive_int("nodes", self.nodes)
 
     @property
     def world(self) -> int:

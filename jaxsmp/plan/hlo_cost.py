@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jaxsmp.metrics.hlo import ARRAY, computations, shape_bytes
+from jaxsmp.metrics.hlo import ARRAY, callees, computations, shape_bytes
 from jaxsmp.plan.gpu_target import FP8_GEMM
 
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
@@ -129,11 +129,6 @@ def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
             for name, body in lines.items()}, entry
 
 
-def _called(attrs: str, key: str) -> list[str]:
-    found = re.search(key + r"=\{?([%\w.\-, ]+)\}?", attrs)
-    return re.findall(r"%([\w.\-]+)", found.group(1)) if found else []
-
-
 def _config(attrs: str) -> dict:
     found = re.search(r"backend_config=(\{.*\})\s*$", attrs)
     if not found:
@@ -185,15 +180,15 @@ class _Coster:
         if i.op in _FREE:
             return
         if i.op == "while":
-            total.add(self.computation(_called(i.attrs, "body")[0]), self.trip_count(i))
+            total.add(self.computation(callees(i.attrs, "body")[0]), self.trip_count(i))
         elif i.op == "conditional":
-            branches = [self.computation(b) for b in _called(i.attrs, "branch_computations")]
+            branches = [self.computation(b) for b in callees(i.attrs, "branch_computations")]
             if branches:
                 total.add(max(branches, key=lambda k: k.compute))
         elif i.op.removesuffix("-start") in COLLECTIVES:
             total.collectives.append(self.collective(comp, i))
         elif i.op in ("call", "async-start") or (i.op.endswith("-start") and "calls=" in i.attrs):
-            for name in _called(i.attrs, "to_apply") + _called(i.attrs, "calls"):
+            for name in callees(i.attrs, "to_apply") + callees(i.attrs, "calls"):
                 total.add(self.computation(name))
         else:
             self.kernel(comp, i, total)
@@ -202,7 +197,7 @@ class _Coster:
         known = _config(i.attrs).get("known_trip_count", {}).get("n")
         if known is not None:
             return int(known)
-        condition = self.comps[_called(i.attrs, "condition")[0]]
+        condition = self.comps[callees(i.attrs, "condition")[0]]
         bounds = [int(c.args) for c in condition if c.op == "constant" and c.args.isdigit()]
         if not bounds:
             raise ValueError(f"while loop {i.name}: no known_trip_count and no constant "
@@ -258,7 +253,7 @@ class _Coster:
             return 2.0 * math.prod(_dims(i.shape)) * inner
         if i.op != "fusion":
             return 0.0
-        return sum(self._dot_flops(name) for name in _called(i.attrs, "calls"))
+        return sum(self._dot_flops(name) for name in callees(i.attrs, "calls"))
 
     def _dot_flops(self, name: str) -> float:
         flops = 0.0
@@ -269,13 +264,13 @@ class _Coster:
                 contracting = [int(x) for x in found.group(1).split(",") if x] if found else []
                 flops += 2.0 * math.prod(_dims(d.shape)) * math.prod(lhs[k] for k in contracting)
             elif d.op == "fusion":
-                flops += sum(self._dot_flops(n) for n in _called(d.attrs, "calls"))
+                flops += sum(self._dot_flops(n) for n in callees(d.attrs, "calls"))
         return flops
 
     def kernel_bytes(self, comp: str, i: Instr) -> float:
         """Operand and result bytes; inside a fusion, an operand only sliced counts the
         slices, the buffer of an in-place dynamic-update-slice its update."""
-        name = (_called(i.attrs, "calls") or [""])[0] if i.op == "fusion" else ""
+        name = (callees(i.attrs, "calls") or [""])[0] if i.op == "fusion" else ""
         fused = self.comps.get(name)
         if not fused:
             inputs = [shape_bytes(self.shapes[comp].get(o, "")) for o in i.operands]

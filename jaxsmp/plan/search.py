@@ -18,6 +18,7 @@ from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
+from jaxsmp.checks import positive_int
 
 GiB = 1 << 30
 VIRTUAL_CHUNKS = (2,)   # chunks per stage the search tries for the virtual schedule
@@ -161,8 +162,7 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
          include_unfit: bool = False) -> list[Plan]:
     """Ranked plans for training ``model_config`` on ``cluster``: the configurations that
     fit in memory, fastest first (``include_unfit``: then the others, smallest first)."""
-    if not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global_batch must be a positive integer, got {global_batch!r}")
+    positive_int("global_batch", global_batch)
     cluster.node.gpu.check_precision(precision)
     w = _workload(load_model(model_config), seq_len)
     def every(context: Sequence[int] | None) -> list[Plan]:

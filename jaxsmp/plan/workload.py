@@ -18,15 +18,17 @@ import numpy as np
 from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
+from collectives import axis_names
 from jaxsmp.context import RING_IMPLS, choose_strategy
 from jaxsmp.metrics.flops import train_flops_per_token
 from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
-from jaxsmp.nn.param import logical_axes
+from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import MemoryScale, memory_scale
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
+from jaxsmp.checks import positive_int
 
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
 # does not depend on it). The odd length tells per-token residuals from per-layer ones.
@@ -72,10 +74,6 @@ class Activations:
         return self.replicated / (tp if sequence_parallel else 1) + self.split / tp
 
 
-def _is_var(x) -> bool:
-    return isinstance(x, nnx.Variable)
-
-
 def _path(keys) -> str:
     return "/".join(str(getattr(k, "key", k)) for k in keys)
 
@@ -98,8 +96,7 @@ class Workload:
     """A model config trained on ``seq_len``-token sequences."""
 
     def __init__(self, config: Any, seq_len: int):
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+        positive_int("seq_len", seq_len)
         self.config, self.seq_len = config, seq_len
         model = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
         # blockwise attention saves what FlashAttention saves and takes any length
@@ -109,7 +106,7 @@ class Workload:
         self._stack = _find_stack(nnx.eval_shape(lambda: traced.build(nnx.Rngs(0))))
         self.layers = self._stack.num_layers
         state = nnx.state(model, nnx.Param)
-        leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_var)[0]
+        leaves = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_var)[0]
         self._shards: dict = {}
         self.params = tuple(
             Param(_path(keys), tuple(v.shape), logical_axes(v),
@@ -201,9 +198,9 @@ class Workload:
         stacked = top = layer = top_gathered = 0
         for p in self.params:
             spec = resolve_spec(p.path, p.axes, p.shape, mesh_shape, rules)
-            split = [math.prod(mesh_shape[a] for a in _names(d)) for d in spec]
+            split = [math.prod(mesh_shape[a] for a in axis_names(d)) for d in spec]
             local = math.prod(n // k for n, k in zip(p.shape, split))
-            no_sdp = [k // math.prod(mesh_shape[a] for a in _ZERO if a in _names(d))
+            no_sdp = [k // math.prod(mesh_shape[a] for a in _ZERO if a in axis_names(d))
                       for d, k in zip(spec, split)]
             if p.stacked:
                 stacked += local
@@ -285,7 +282,3 @@ class Workload:
         return jax.eval_shape(forward, state)
 
 
-def _names(dim) -> tuple[str, ...]:
-    if dim is None:
-        return ()
-    return (dim,) if isinstance(dim, str) else tuple(dim)

@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS, Fp8Meta, roll_history
 from jaxsmp.nn.linear import Linear
 from jaxsmp.nn.param import is_var, logical_axes
+from jaxsmp.checks import positive_int
 
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores; Ampere (8.0) does not
 
@@ -65,8 +66,7 @@ def runs_fp8(module: Any, vocab: bool = False) -> bool:
 def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
     """``state`` (concrete or abstract) whose Linears carry zero amax histories of
     length ``history``; a state that has them already is returned as it is."""
-    if not isinstance(history, int) or isinstance(history, bool) or history < 1:
-        raise ValueError(f"fp8 history must be a positive integer, got {history!r}")
+    positive_int("fp8_history", history)
     if has_fp8(state.params):
         return state
     abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state.params))

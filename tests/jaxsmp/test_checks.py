@@ -44,3 +44,14 @@ def test_other_api_arguments_are_refused_by_name_before_compiling():
         jaxsmp.init(cfg.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=8), seed="x")
     with pytest.raises(ValueError, match=r"at least 2 tokens, got tokens of shape \(8, 1\)"):
         next_token_loss(jnp.zeros((8, 1, 16)), jnp.zeros((8, 1), jnp.int32))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: __import__("jaxsmp.pipeline").pipeline.PipelinePlan(stages=True),
+    lambda: __import__("jaxsmp.plan").plan.Candidate(1, 1, 1, 1, True, 1),
+    lambda: __import__("jaxsmp.plan").plan.cluster("p4d.24xlarge", True),
+])
+def test_booleans_are_not_counts_anywhere(make):
+    """The pipeline plan and the planner share the one check (they accepted True as 1)."""
+    with pytest.raises(ValueError, match="must be a positive integer, got True"):
+        make()

@@ -93,5 +93,5 @@ def test_one_layer_in_fp8_matches_bf16_within_what_float8_allows():
 @pytest.mark.parametrize("history", [0, -1, 1.5])
 def test_bad_history_lengths_are_refused_by_name(history):
     from jaxsmp.train.fp8_state import with_fp8
-    with pytest.raises(ValueError, match=f"fp8 history must be a positive integer, got {history}"):
+    with pytest.raises(ValueError, match=f"fp8_history must be a positive integer, got {history}"):
         with_fp8(None, history)
