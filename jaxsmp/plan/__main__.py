@@ -41,7 +41,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print the plans as a JSON list")
     p.add_argument("--preflight", action="store_true",
                    help="compile the best plan's step for the node's GPUs with XLA:GPU on "
-                        "this host (deviceless; needs jax-cuda12-plugin)")
+                        "this host (deviceless; needs jax-cuda12-plugin, the cuda12 extra)")
     p.add_argument("--preflight-backend", choices=("gpu", "cpu"), default="gpu",
                    help="gpu: XLA:GPU for the plan's GPUs at full size (default); cpu: "
                         "simulated CPU devices, the mesh scaled to --max-devices")

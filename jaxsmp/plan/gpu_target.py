@@ -1,7 +1,8 @@
 """Compiling for NVIDIA GPUs on a host without one: XLA:GPU, deviceless.
 
-With ``jax-cuda12-plugin`` of the installed jaxlib's version (no GPU, driver or CUDA
-wheels needed) and ``JAX_PLATFORMS=cpu``, JAX describes a GPU topology from a target
+With ``jax-cuda12-plugin`` of the installed jaxlib's version (the ``cuda12`` extra;
+the CUDA 13 plugin has not been tried without a GPU) (no GPU, driver or CUDA wheels
+needed) and ``JAX_PLATFORMS=cpu``, JAX describes a GPU topology from a target
 config (``targets/*.txtpb``: XLA's ``GpuTargetConfigProto`` for each GPU of the
 planner's node table) and ``.lower(...).compile()`` runs XLA's GPU compiler for real:
 SPMD partitioning (custom partitioners included), fusion, Triton compilation of the
