@@ -47,9 +47,14 @@ def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, referen
     for path, history in got.items():
         assert history.shape == (4, 3, 1024)
         assert not np.any(history[..., 1:])  # one step: one observation
-        # activations computed in another order round differently in bf16
-        np.testing.assert_allclose(history[..., 0], reference[path][..., 0], rtol=3e-2,
-                                   err_msg=str(path))
+        # [input, kernel, output gradient]: the kernels' amax is exact; bf16 activations and
+        # gradients computed in another order (tp's partial sums) round differently:
+        # measured up to 3.3% (inputs) and 9.9% (gradients, layer 0 after the whole
+        # backward) on sdp4-tp2, varying run to run; the sums the check guards against are
+        # off 2x (microbatches) to 7x (replicas)
+        for column, rtol in enumerate((5e-2, 1e-6, 0.2)):
+            np.testing.assert_allclose(history[:, column, 0], reference[path][:, column, 0],
+                                       rtol=rtol, err_msg=f"{path} column {column}")
 
 
 def test_the_optimizer_never_sees_the_histories():

@@ -87,7 +87,8 @@ def test_layers_are_gathered_one_at_a_time(compiled):
     check_one_layer_at_a_time(state, step.as_text())
 
 
-def _gather_whole_stack(apply, h, shards, args, *, gather, scatter, remat, prefetch):
+def _gather_whole_stack(apply, h, shards, args, *, gather, scatter, remat, prefetch,
+                        branchless, active=None):
     """The mutant: every layer's parameters gathered before the layer scan."""
     full = gather(shards)
 
@@ -115,7 +116,8 @@ def _temp_per_layer(config, tokens, **options) -> float:
     return (temp(6) - temp(2)) / 4
 
 
-def _autodiff_scan(apply, h, shards, args, *, gather, scatter, remat, prefetch):
+def _autodiff_scan(apply, h, shards, args, *, gather, scatter, remat, prefetch, branchless,
+                   active=None):
     """The mutant: autodiff of a scan that gathers each layer, keeping every layer's
     gathered weights for the backward pass (jaxsmp before reshard-after-forward)."""
     def body(h, shard):
