@@ -122,9 +122,11 @@ def reference(config, tokens):
                  marks=SLOW),
     pytest.param(dict(pp=2, sdp=2, tp=2), dict(pipeline="interleaved",
                                                pipeline_partition=(6, 4)), marks=SLOW),
+    pytest.param(dict(dp=2, pp=2, sdp=2), dict(pipeline="simple", pipeline_partition=(3, 7),
+                                               remat="full"), marks=SLOW),
 ], ids=["pp4-sdp2-1f1b-2332", "pp4-sdp2-simple-2332", "pp4-sdp2-virtual-12111121",
         "pp4-sdp2-simple-auto", "pp4-sdp2-1f1b-auto", "pp4-sdp2-virtual-auto",
-        "pp2-sdp2-tp2-simple-46", "pp2-sdp2-tp2-1f1b-64"])
+        "pp2-sdp2-tp2-simple-46", "pp2-sdp2-tp2-1f1b-64", "dp2-pp2-sdp2-simple-37-remat"])
 def test_unequal_stages_match_single_device(config, tokens, reference, degrees, options):
     got = gradients(config, jaxsmp.Mesh(**degrees), tokens, microbatches=4, **options)
     assert_gradients_match(got, reference)
