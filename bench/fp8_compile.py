@@ -19,7 +19,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # no CUDA runtime here: compile deviceless
 
 import argparse  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -29,40 +28,30 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
 
 import jaxsmp  # noqa: E402
 from jaxsmp.checkpoint import abstract_state  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
 from jaxsmp.plan import gpu_target  # noqa: E402
 
-FP8_GEMM = "__cublas$lt$matmul$f8"
-CUDA_RUNTIME = "runtime_version { major: 12 minor: 8 }"
-OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 MiB = 2 ** 20
-
-
-def topology(gpu: str = "H100-SXM", gpus: int = 8) -> list:
-    """Abstract devices of ``gpus`` GPUs whose config names a CUDA 12 runtime."""
-    config = gpu_target.target_config(gpu) + "\n" + CUDA_RUNTIME + "\n"
-    return list(topologies.get_topology_desc(platform="cuda", topology=f"1x1x{gpus}",
-                                             target_config=config).devices)
 
 
 def compile_step(config, degrees: dict, precision: str, *, gpu: str = "H100-SXM",
                  batch: int = 8, seq: int = 256, **options):
-    """The train step of ``config`` compiled for ``gpu`` x 8 on mesh ``degrees``."""
-    mesh = jaxsmp.Mesh(**degrees, devices=topology(gpu))
+    """The train step of ``config`` compiled for ``gpu`` x 8 on mesh ``degrees``, with
+    fp8's compiler options for either precision (same program shape for both)."""
+    mesh = jaxsmp.Mesh(**degrees, devices=gpu_target.topology(gpu))
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)
     tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
     step = jaxsmp.step(causal_lm_loss, precision=precision, **options)
     with gpu_target.compiling_for(gpu), jax.set_mesh(mesh.jax_mesh):
-        return step.lower(state, tokens).compile(compiler_options=OPTIONS)
+        return step.lower(state, tokens).compile(
+            compiler_options=dict(gpu_target.FP8_COMPILER_OPTIONS))
 
 
 def count_fp8_gemms(compiled) -> int:
-    return len(re.findall(r'custom_call_target="' + re.escape(FP8_GEMM) + '"',
-                          compiled.as_text()))
+    return gpu_target.count_fp8_gemms(compiled.as_text())
 
 
 def main(argv=None) -> int:

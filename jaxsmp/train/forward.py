@@ -31,10 +31,19 @@ from jaxsmp.train.sequence_parallel import over_sequence
 LossFn = Callable[[nnx.Module, Any], jax.Array | tuple[jax.Array, dict]]
 
 
+def _attention(mesh, context_parallel: str, impl: str | None) -> Callable:
+    attend = local_attention(mesh, context_parallel)
+    if impl is None:
+        return attend
+    return lambda q, k, v, **kwargs: attend(q, k, v, **{**kwargs, "impl": impl})
+
+
 def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
-                  collectives_name: str, mesh: jax.sharding.Mesh) -> Callable:
+                  collectives_name: str, mesh: jax.sharding.Mesh,
+                  attention_impl: str | None = None) -> Callable:
     """``forward(params, batch, stage_runner) -> (float32 loss, float32 metrics)`` on
-    ``mesh``'s devices."""
+    ``mesh``'s devices; ``attention_impl`` overrides the model's attention kernel (the
+    pipeline's costing compiles a GPU model's pieces on the host with ``reference``)."""
     dtype, fp8 = precision_policy(options.precision).compute_dtype, precision_policy(
         options.precision).fp8
     platform = mesh.devices.flat[0].platform
@@ -62,7 +71,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
             scan = over_sequence(scan, mesh)
         ctx = LayerContext(scan_layers=scan, run_stages=stage_runner,
                            embed_lookup=lookup_hook(params, top, tables, dtype),
-                           attention=local_attention(mesh, options.context_parallel),
+                           attention=_attention(mesh, options.context_parallel,
+                                                attention_impl),
                            fp8=fp8)
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)

@@ -3,13 +3,15 @@
 The user's loss is cut where the :class:`~jaxsmp.nn.Stack` sits (as the 1F1B schedule
 cuts it): the embedding (everything before the stack), one stacked layer, and the head
 (everything after it, the loss included). Each piece's forward and backward is compiled
-on one device for one microbatch of this device's rows, and XLA's cost analysis gives
-its FLOPs and bytes; a roofline on the target's peak rate and memory bandwidth turns
-them into time, and :func:`jaxsmp.pipeline.partition.balanced_counts` splits the layers.
+on one device (the host's CPU for GPU targets, :func:`_forward`) for one microbatch of
+this device's rows, and XLA's cost analysis gives its FLOPs and bytes; a
+roofline on the target's peak rate and memory bandwidth turns them into time, and
+:func:`jaxsmp.pipeline.partition.one_f_one_b_counts` splits the layers.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -42,7 +44,10 @@ def _whole(params: Any) -> Any:
     return jax.tree.map(whole, params, is_leaf=is_var)
 
 
-def _seconds(fn, *args, rates) -> float:
+def _seconds(fn, *args, rates, device) -> float:
+    """Roofline seconds of ``fn`` compiled for ``device`` (abstract arguments)."""
+    place = jax.sharding.SingleDeviceSharding(device)
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=place), args)
     compiled = jax.jit(fn).lower(*args).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -51,11 +56,16 @@ def _seconds(fn, *args, rates) -> float:
 
 
 def _forward(fn: LossFn, state, options: StepOptions):
-    """The step's forward on one device of the default backend (no collectives)."""
-    one = Mesh(devices=jax.devices()[:1])
+    """The step's forward on one device (no collectives). A CPU step's own device; for
+    GPUs the host's CPU (a deviceless GPU compile has no cost analysis) with the
+    reference attention, whose FLOPs XLA counts (a kernel's would not compile there)."""
+    device, impl = state.mesh.jax_mesh.devices.flat[0], None
+    if device.platform != "cpu":
+        device, impl = jax.devices("cpu")[0], "reference"
+    one = Mesh(devices=[device])
     simple = dataclasses.replace(options, sequence_parallel=False, context_parallel="auto",
                                  pipeline="simple", pipeline_partition="equal")
-    return one, local_forward(fn, state.graphdef, simple, "auto", one.jax_mesh)
+    return one, local_forward(fn, state.graphdef, simple, "auto", one.jax_mesh, impl)
 
 
 def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
@@ -91,10 +101,9 @@ def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
                             argnums=(0, 1))(p, y)
         first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), _real(a.dtype)),
                              _abstract(record.params))
-        return (_seconds(embed, params, batch, rates=rates),
-                _seconds(layer_forward, params, batch, first, x, rates=rates),
-                _seconds(layer, params, batch, first, x, rates=rates),
-                _seconds(head, params, batch, x, rates=rates))
+        cost = functools.partial(_seconds, rates=rates, device=one.jax_mesh.devices.flat[0])
+        return (cost(embed, params, batch), cost(layer_forward, params, batch, first, x),
+                cost(layer, params, batch, first, x), cost(head, params, batch, x))
 
 
 def _real(dtype):

@@ -12,7 +12,8 @@ import jaxsmp  # noqa: E402
 import jaxsmp.plan.gpu_target  # noqa: E402,F401  (before bench/ joins the path: bench/collectives.py)
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-from fp8_compile import FP8_GEMM, compile_step  # noqa: E402
+from fp8_compile import compile_step  # noqa: E402
+from jaxsmp.plan.gpu_target import FP8_GEMM  # noqa: E402
 
 GEMM = re.compile(r'custom_call_target="(__cublas[^"]*)"')
 
