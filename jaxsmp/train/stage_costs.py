@@ -1,8 +1,7 @@
 """``pipeline_partition="auto"``: the stage split from the model's compiled costs.
 
 The user's loss is cut where the :class:`~jaxsmp.nn.Stack` sits (as the 1F1B schedule
-cuts it): the embedding (everything before the stack), one stacked layer, and the head
-(everything after it, the loss included). Each piece's forward and backward is compiled
+cuts it): one stacked layer and the head (everything after it, the loss included). Each piece's forward and backward is compiled
 on one device (the host's CPU for GPU targets, :func:`_forward`) for one microbatch of
 this device's rows, and XLA's cost analysis gives its FLOPs and bytes; a
 roofline on the target's peak rate and memory bandwidth turns them into time, and
@@ -69,10 +68,10 @@ def _forward(fn: LossFn, state, options: StepOptions):
 
 
 def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
-                  platform: str) -> tuple[float, float, float, float]:
-    """(embedding forward + backward, one layer's forward, one layer's forward +
-    backward, head and loss forward + backward) seconds on one microbatch (abstract
-    arrays: nothing runs)."""
+                  platform: str) -> tuple[float, float, float]:
+    """(one layer's forward, one layer's forward + backward, head and loss forward +
+    backward) seconds on one microbatch (abstract arrays: nothing runs). The embedding
+    runs on every stage outside the ticks in every schedule, so it is not costed."""
     rates = RATES.get(platform, RATES["cpu"])
     one, forward = _forward(fn, state, options)
     params, batch = _whole(state.params), _abstract(microbatch)
@@ -80,10 +79,6 @@ def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
         record = _RecordStack()
         jax.eval_shape(lambda p, b: forward(p, b, record), params, batch)
         x = jax.ShapeDtypeStruct(record.x.shape, record.x.dtype)
-
-        def embed(p, b):
-            out, vjp = jax.vjp(lambda p: _record(forward, p, b), p)
-            return vjp(jnp.ones_like(out))
 
         def layer(p, b, w, h):  # the layer's arguments (e.g. positions) traced afresh
             rec = _RecordStack()
@@ -102,19 +97,13 @@ def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
         first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), _real(a.dtype)),
                              _abstract(record.params))
         cost = functools.partial(_seconds, rates=rates, device=one.jax_mesh.devices.flat[0])
-        return (cost(embed, params, batch), cost(layer_forward, params, batch, first, x),
+        return (cost(layer_forward, params, batch, first, x),
                 cost(layer, params, batch, first, x), cost(head, params, batch, x))
 
 
 def _real(dtype):
     """float32 for the fp8 histories' max-accumulating dtype (costed as float32)."""
     return dtype if jnp.issubdtype(dtype, jnp.number) else jnp.float32
-
-
-def _record(forward, params, batch):
-    record = _RecordStack()
-    forward(params, batch, record)
-    return record.x
 
 
 def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
@@ -127,6 +116,6 @@ def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
     if options.pipeline != "interleaved":  # identical layers, nothing else in the ticks
         return balanced_counts([1.0] * num_layers, parts)
     platform = state.mesh.jax_mesh.devices.flat[0].platform
-    _, forward, both, head = piece_seconds(fn, state, options, microbatch, platform)
+    forward, both, head = piece_seconds(fn, state, options, microbatch, platform)
     return one_f_one_b_counts(num_layers, state.mesh.pp, options.microbatches, forward,
                               both, head)
