@@ -20,6 +20,7 @@ from JAX 0.11 on the Triton target GPU (Pallas), which the abstract mesh answers
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import re
 from importlib import resources
@@ -113,6 +114,15 @@ def compiler_options(precision: str) -> dict | None:
 def count_fp8_gemms(hlo_text: str) -> int:
     """cuBLASLt FP8 GEMM calls in a compiled program's text."""
     return len(re.findall(r'custom_call_target="' + re.escape(FP8_GEMM) + '"', hlo_text))
+
+
+def gemms_per_computation(hlo_text: str) -> list[collections.Counter]:
+    """For each computation of a compiled program's text that calls cuBLAS (a loop
+    body, the entry), how many calls of each GEMM target it makes."""
+    bodies = re.findall(r"^(?:ENTRY )?%?[\w.\-]+ [^\n]*\{\n(.*?)\n\}", hlo_text, re.S | re.M)
+    found = (collections.Counter(re.findall(r'custom_call_target="(__cublas[^"]*)"', b))
+             for b in bodies)
+    return [c for c in found if c]
 
 
 def compile_step(step: Any, state: Any, batch: Any, mesh: Any, precision: str = "bf16"):
