@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline import vma
@@ -122,6 +123,19 @@ def _choose(index: jax.Array, branches: list[Callable], *args, branchless: bool)
     return jax.tree.map(lambda *xs: lax.select_n(index, *xs), *outs)
 
 
+def _accumulator(maxima: list[bool]) -> Callable:
+    """Adds a tree of gradients to a running total leaf by leaf, taking the maximum
+    where ``maxima`` says so: fp8 amax observations (``Fp8Meta`` cotangents, which come
+    out of the Stack's ``max_accumulating`` cast as Flax's ``fm32``), which a sum over
+    microbatches would add up."""
+    def accumulate(total: Any, new: Any) -> Any:
+        leaves = [jnp.maximum(a, lax.convert_element_type(b, a.dtype)) if m else a + b
+                  for a, b, m in
+                  zip(jax.tree.leaves(total), jax.tree.leaves(new), maxima, strict=True)]
+        return jax.tree.unflatten(jax.tree.structure(total), leaves)
+    return accumulate
+
+
 def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
     """``grad`` summed over the axes the buffers were made varying over but ``param``
     is not (the transpose of that cast; only size-1 axes can remain here, ``pp``
@@ -142,6 +156,9 @@ class _OneFOneB:
         forward(params, batch, record)  # the layer function, the stack's structure, args
         self.run, stack_def = record.run, jax.tree.structure(record.params)
         self.mask = [is_stacked(v) for v in jax.tree.leaves(params, is_leaf=is_var)]
+        self.maxima = [isinstance(v, Fp8Meta) for v in jax.tree.leaves(params, is_leaf=is_var)]
+        self.add_top = _accumulator(self.maxima)
+        self.add_layers = _accumulator([m for m, s in zip(self.maxima, self.mask) if s])
         leaves = jax.tree.leaves(params)
         stacked = [x for x, s in zip(leaves, self.mask) if s]
         if stack_def.num_leaves != len(stacked):
@@ -200,7 +217,7 @@ class _OneFOneB:
                                            j, out, branchless=self.branchless)
         bufs = bufs._replace(inputs=lax.dynamic_update_index_in_dim(bufs.inputs, inp, slot, 0),
                              cotangents=_put(bufs.cotangents, last, dy, slot))
-        sums = sums._replace(top=jax.tree.map(jnp.add, sums.top, dtop), loss=sums.loss + value,
+        sums = sums._replace(top=self.add_top(sums.top, dtop), loss=sums.loss + value,
                              metrics=jax.tree.map(jnp.add, sums.metrics, metrics))
         return bufs, sums, _Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
 
@@ -210,7 +227,7 @@ class _OneFOneB:
                          bufs.inputs[slot])
         dlayers, dinp = self.vary(vjp(bufs.cotangents[slot]))
         bufs = bufs._replace(input_grads=_put(bufs.input_grads, self.stage == 0, dinp, j))
-        sums = sums._replace(layers=jax.tree.map(jnp.add, sums.layers, dlayers))
+        sums = sums._replace(layers=self.add_layers(sums.layers, dlayers))
         return bufs, sums, _Messages(jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1)
 
     def _idle_op(self, bufs: _Buffers, sums: _Sums, j):
@@ -250,8 +267,9 @@ class _OneFOneB:
         (pre,) = self.pre_vjp(dxs.reshape(-1, *dxs.shape[2:]))
         top = jax.tree.leaves(from_stage(sums.top, self.stage, self.p - 1, self.axis))
         layers = iter(jax.tree.leaves(sums.layers))
-        out = [_match(g.astype(jnp.float32) + (next(layers) if s else t), x)
-               for g, t, s, x in zip(jax.tree.leaves(pre), top, self.mask, jax.tree.leaves(params))]
+        add = [jnp.maximum if m else jnp.add for m in self.maxima]
+        out = [_match(a(g.astype(jnp.float32), next(layers) if s else t), x) for g, t, s, x, a
+               in zip(jax.tree.leaves(pre), top, self.mask, jax.tree.leaves(params), add)]
         loss, metrics = from_stage((sums.loss, sums.metrics), self.stage, self.p - 1, self.axis)
         return (jax.tree.unflatten(jax.tree.structure(params), out), loss / self.m,
                 jax.tree.map(lambda v: v / self.m, metrics))

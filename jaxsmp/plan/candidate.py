@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
 from jaxsmp.pipeline.simulator import Report, simulate
-from jaxsmp.train.precision import precision_policy
 from jaxsmp.checks import positive_int
 
 
@@ -71,10 +70,6 @@ class Candidate:
         if self.cp > 1 and self.pp > 1:   # as jaxsmp.step refuses it
             raise ValueError(f"context parallelism (cp={self.cp}) with pipeline parallelism "
                              f"(pp={self.pp}) is not supported yet; use pp=1 or cp=1")
-        if precision_policy(self.precision).fp8 and self.pp > 1 and self.schedule == "interleaved":
-            raise ValueError("precision='fp8' with schedule='interleaved' (1F1B) is not "
-                             "supported yet (as jaxsmp.step refuses it); use 'simple' or "
-                             "'virtual'")
 
     @property
     def world(self) -> int:

@@ -17,7 +17,6 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
 from jaxsmp.plan.workload import Workload
-from jaxsmp.train.precision import precision_policy
 from jaxsmp.checks import positive_int
 
 GiB = 1 << 30
@@ -86,8 +85,6 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
     at least :data:`LONG_SEQUENCE` tokens, else cp = 1 only)."""
     if context is None:
         context = CONTEXT_DEGREES if w.seq_len >= LONG_SEQUENCE else (1,)
-    if precision_policy(precision).fp8:   # 1F1B cannot run fp8 (Candidate refuses it)
-        schedules = [s for s in schedules if s != "interleaved"]
     for dp, sdp, tp, pp, cp in _meshes(w, cluster, global_batch, context):
         local = global_batch // (dp * sdp)
         for mbs in divisors(local):

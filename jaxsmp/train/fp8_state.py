@@ -10,7 +10,7 @@ observed amaxes (:func:`roll_histories`).
 The observations come back as the histories' cotangents (:mod:`jaxsmp.nn.fp8`), and
 every repeat of a matmul must combine them with a maximum where gradients are summed:
 microbatches (:func:`microbatch_gradients`), a pipeline's ticks (the Stack's
-``max_accumulating`` cast), data replicas (:func:`jaxsmp.train.manual.sum_over_replicas`
+``max_accumulating`` cast; 1F1B's own accumulation), data replicas (:func:`jaxsmp.train.manual.sum_over_replicas`
 takes ``pmax``). ``tp`` and ``cp`` are GSPMD's: the amax of a split tensor is already
 the global one.
 """
@@ -110,8 +110,7 @@ def microbatch_gradients(plan, forward, params: nnx.State, batch: Any, coef, **k
 
 
 def check_fp8(mesh, options) -> None:
-    """Refuses, before compiling, what fp8 cannot run on: GPUs without FP8 tensor cores,
-    and the hand-driven 1F1B pipeline (its sums of gradients would add amaxes)."""
+    """Refuses, before compiling, GPUs without FP8 tensor cores."""
     device = mesh.jax_mesh.devices.flat[0]
     capability = getattr(device, "compute_capability", None)
     if device.platform in ("gpu", "cuda") and capability is not None:
@@ -120,6 +119,3 @@ def check_fp8(mesh, options) -> None:
                 f"precision='fp8' needs FP8 tensor cores (compute capability >= 8.9: H100, "
                 f"H200, L4, L40); the mesh's {device.device_kind} has {capability}; use "
                 f"precision='bf16'")
-    if mesh.pp > 1 and options.pipeline == "interleaved":
-        raise ValueError("precision='fp8' with pipeline='interleaved' (1F1B) is not "
-                         "supported yet; use pipeline='simple' or 'virtual'")
