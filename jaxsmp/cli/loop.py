@@ -92,7 +92,7 @@ def _template(cfg: TrainConfig, state: TrainState) -> TrainState:
     histories as the checkpointed state does (the step adds them at its first call)."""
     if not precision_policy(cfg.step.precision).fp8:
         return state
-    return with_fp8(state, cfg.step.fp8_history)
+    return with_fp8(state, cfg.step.fp8_history, cfg.step.fp8_vocab)
 
 
 def _start(cfg: TrainConfig, stack: ExitStack) -> Run:

@@ -65,17 +65,32 @@ def runs_fp8(module: Any, vocab: bool = False) -> bool:
 
 def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
     """``state`` (concrete or abstract) whose Linears carry zero amax histories of
-    length ``history``; a state that has them already is returned as it is."""
+    length ``history`` (the vocabulary projection's with ``vocab``); a state that has
+    them already is returned as it is, if they are those."""
     positive_int("fp8_history", history)
+    model = nnx.merge(state.graphdef, state.params)
     if has_fp8(state.params):
+        _check_histories(model, history, vocab)
         return state
     abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(state.params))
-    model = nnx.merge(state.graphdef, state.params)
     for _, module in nnx.iter_modules(model):
         if runs_fp8(module, vocab):
             module.fp8 = nnx.data(_meta(module.kernel, history, abstract, state.mesh))
     graphdef, params = nnx.split(model, nnx.Any(nnx.Param, Fp8Meta))
     return state.replace(graphdef=graphdef, params=params)
+
+
+def _check_histories(model, history: int, vocab: bool) -> None:
+    """Refuses a state whose histories are not those ``history`` and ``vocab`` ask for
+    (e.g. restored from a run with other fp8 settings)."""
+    want = {path for path, m in nnx.iter_modules(model) if runs_fp8(m, vocab)}
+    have = {path for path, m in nnx.iter_modules(model) if getattr(m, "fp8", None) is not None}
+    lengths = {m.fp8.shape[-1] for path, m in nnx.iter_modules(model) if path in have}
+    if have != want or lengths != {history}:
+        raise ValueError(
+            f"the state holds fp8 histories of length {sorted(lengths)} on {len(have)} "
+            f"Linears, but fp8_history={history}, fp8_vocab={vocab} asks for length "
+            f"{history} on {len(want)}; use the fp8 settings the state was made with")
 
 
 def history_length(params: nnx.State) -> int | None:

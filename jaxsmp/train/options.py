@@ -26,7 +26,8 @@ def _check_partition(value) -> None:
 class StepOptions:
     """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
     ``fp32``, ``bf16``, ``fp16`` (dynamic loss scaling) or ``fp8`` (float8 matmuls with
-    ``fp8_history`` steps of amax history, :mod:`jaxsmp.nn.fp8`). ``remat``: ``none``,
+    ``fp8_history`` steps of amax history, :mod:`jaxsmp.nn.fp8`; the vocabulary
+    projection too with ``fp8_vocab``). ``remat``: ``none``,
     ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
     (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
     mesh's). ``bucket``: gather each layer's parameters with one collective over
@@ -49,6 +50,7 @@ class StepOptions:
     microbatches: int = 1
     precision: str = "fp32"
     fp8_history: int = 1024
+    fp8_vocab: bool = False
     remat: str = "none"
     clip_norm: float | None = 1.0
     collectives: str | None = None
@@ -71,6 +73,10 @@ class StepOptions:
         if self.fp8_history != 1024 and not precision_policy(self.precision).fp8:
             raise ValueError(f"fp8_history={self.fp8_history} needs precision='fp8', "
                              f"got precision={self.precision!r}")
+        if self.fp8_vocab is not False and (self.fp8_vocab is not True or
+                                            not precision_policy(self.precision).fp8):
+            raise ValueError(f"fp8_vocab={self.fp8_vocab!r} needs precision='fp8' and a "
+                             f"bool, got precision={self.precision!r}")
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
         if self.clip_norm is not None and (isinstance(self.clip_norm, bool) or not (

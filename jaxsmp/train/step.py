@@ -122,7 +122,7 @@ class _Step:
         if not precision_policy(self.options.precision).fp8:
             return state
         fp8_state.check_fp8(state.mesh, self.options)
-        return fp8_state.with_fp8(state, self.options.fp8_history)
+        return fp8_state.with_fp8(state, self.options.fp8_history, self.options.fp8_vocab)
 
 
 class TrainStep(_Step):

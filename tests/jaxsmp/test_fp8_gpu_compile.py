@@ -31,6 +31,17 @@ def test_every_layer_matmul_is_an_fp8_gemm_on_h100(family, linears, mesh):
 
 
 @pytest.mark.slow
+def test_fp8_vocab_makes_the_vocabulary_projection_fp8_too():
+    config = jaxsmp.models.preset("llama", "tiny", num_hidden_layers=3, attention_impl="cudnn")
+    compiled = compile_step(config, dict(sdp=8), "fp8", remat="none", fp8_vocab=True)
+    counts = gemms_per_computation(compiled.as_text())
+    # forward and backward loop bodies; outside them the peeled last layer's backward
+    # and the vocabulary projection's three GEMMs, now FP8 as well: no other GEMM left
+    assert sorted(c[FP8_GEMM] for c in counts) == [7, 14, 14 + 3], counts
+    assert all(set(c) == {FP8_GEMM} for c in counts), counts
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [dict(sdp=8), dict(sdp=4, tp=2)], ids=["sdp8", "sdp4-tp2"])
 def test_fp8_temporaries_within_ten_percent_of_bf16_at_llama_7b_width(mesh):
     """Every float8 operand is a copy of a bf16 one, transposed where the GEMM needs it;

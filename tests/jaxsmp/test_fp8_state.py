@@ -18,7 +18,8 @@ def _histories(degrees: dict, microbatches: int, devices=None, **options) -> dic
     mesh = jaxsmp.Mesh(**degrees, devices=devices)
     state = jaxsmp.init(jaxsmp.models.preset("gpt_neox", "tiny").build, optax.adamw(1e-3),
                         mesh)
-    step = jaxsmp.step(causal_lm_loss, precision="fp8", microbatches=microbatches, **options)
+    step = jaxsmp.step(causal_lm_loss, precision="fp8", microbatches=microbatches,
+                       fp8_vocab=True, **options)
     state, _ = step(state, BATCH)
     out = {}
     for path, var in variables_by_path(state.params).items():
@@ -35,7 +36,9 @@ def _histories(degrees: dict, microbatches: int, devices=None, **options) -> dic
 
 @pytest.fixture(scope="module")
 def reference():
-    """One device, one microbatch: each observation is the global maximum."""
+    """One device, one microbatch: each observation is the global maximum. The
+    vocabulary projection runs in fp8 too (``fp8_vocab``): on pipelines every stage
+    runs the head."""
     return _histories({}, 1, devices=jax.devices()[:1])
 
 
@@ -46,9 +49,10 @@ def reference():
     ids=["sdp8", "sdp4-tp2", "pp2-sdp4", "pp2-sdp4-1f1b", "pp2-sdp2-tp2-1f1b"])
 def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options, reference):
     got = _histories(degrees, 2, **options)
-    assert got.keys() == reference.keys() and len(got) == 4  # qkv, dense, mlp in and out
+    # qkv, dense, mlp in and out (4 layers each), the vocabulary projection
+    assert got.keys() == reference.keys() and len(got) == 5
     for path, history in got.items():
-        assert history.shape == (4, 3, 1024)
+        assert history.shape == ((3, 1024) if path[0] == "embed_out" else (4, 3, 1024))
         assert not np.any(history[..., 1:])  # one step: one observation
         # [input, kernel, output gradient]: the kernels' amax is exact; bf16 activations and
         # gradients computed in another order (tp's partial sums) round differently:
@@ -56,8 +60,21 @@ def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options
         # backward) on sdp4-tp2, varying run to run; the sums the check guards against are
         # off 2x (microbatches) to 7x (replicas)
         for column, rtol in enumerate((5e-2, 1e-6, 0.2)):
-            np.testing.assert_allclose(history[:, column, 0], reference[path][:, column, 0],
+            np.testing.assert_allclose(history[..., column, 0], reference[path][..., column, 0],
                                        rtol=rtol, err_msg=f"{path} column {column}")
+
+
+def test_fp8_settings_other_than_the_states_histories_are_refused():
+    mesh = jaxsmp.Mesh(sdp=8)
+    state = jaxsmp.init(jaxsmp.models.preset("gpt_neox", "tiny").build, optax.adam(1e-3), mesh)
+    state, _ = jaxsmp.step(causal_lm_loss, precision="fp8", fp8_history=8)(state, BATCH)
+    for options, asked in ((dict(fp8_history=8, fp8_vocab=True), "length 8 on 5"),
+                           ({}, "length 1024 on 4")):
+        with pytest.raises(ValueError, match=f"holds fp8 histories of length \\[8\\] on 4 "
+                                             f"Linears, .* asks for {asked}"):
+            jaxsmp.step(causal_lm_loss, precision="fp8", **options)(state, BATCH)
+    with pytest.raises(ValueError, match="fp8_vocab=True needs precision='fp8'"):
+        jaxsmp.step(causal_lm_loss, precision="bf16", fp8_vocab=True)
 
 
 def test_the_optimizer_never_sees_the_histories():
