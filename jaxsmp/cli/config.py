@@ -105,6 +105,8 @@ STEP_HELP = {
     "virtual_chunks": "layer chunks per pipeline stage for --pipeline virtual",
     "pipeline_partition": "layers per pipeline stage: auto (balanced on compiled costs), "
                           "equal, or one count per stage, e.g. 6,10",
+    "pipeline_head": "where 1F1B runs the vocabulary projection and loss: last (the last "
+                     "stage), spread (every stage on 1/pp of each microbatch) or auto",
     "context_parallel": "how attention spans the cp devices: ulysses (all-to-all over heads), "
                         "ring, or auto (on GPUs ulysses where the heads divide, else ring)",
 }

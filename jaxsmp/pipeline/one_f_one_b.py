@@ -17,6 +17,13 @@ starts before the forward of microbatch ``j + p``. Here the step drives it:
 3. the head/loss (last stage) and the stack-input cotangents (first stage) are
    broadcast over ``pp``, then the *pre* vjp runs.
 
+With ``spread_head`` the head does not run inside the last stage's ``F``: in that
+tick the stage's output goes to every stage, each runs the head and loss on its
+``1/p`` of the microbatch's examples, and the output cotangents are summed back to
+the last stage. In lock-step (every tick as long as its slowest stage) a head heavier
+than a stage's layers then costs ``1/p`` of its time (``pipeline_partition="auto"``
+weighs both placements; :mod:`jaxsmp.pipeline.partition`).
+
 Each stage keeps at most ``p`` microbatch inputs (the simulator's 1F1B peak is
 ``p - s``) instead of every microbatch's activations.
 """
@@ -149,9 +156,10 @@ class _OneFOneB:
 
     def __init__(self, forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
                  stages: int, microbatches: int, axis: str, branchless: bool,
-                 active: tuple[tuple[int, ...], ...] | None = None):
+                 active: tuple[tuple[int, ...], ...] | None = None, spread_head: bool = False):
         self.forward, self.batch, self.coef, self.active = forward, batch, coef, active
         self.p, self.m, self.axis, self.branchless = stages, microbatches, axis, branchless
+        self.spread = spread_head
         record = _RecordStack()
         forward(params, batch, record)  # the layer function, the stack's structure, args
         self.run, stack_def = record.run, jax.tree.structure(record.params)
@@ -172,6 +180,11 @@ class _OneFOneB:
         self.layers = jax.tree.unflatten(stack_def, stacked)
         self.top = self.vary(params)  # varying over pp: no implicit psum inside branches
         self.xs = self.vary(split_microbatches(xs, microbatches))
+        if self.spread and self.xs.shape[1] % stages:
+            raise ValueError(f"pipeline_head='spread' splits each microbatch's examples "
+                             f"over the {stages} stages; a microbatch has {self.xs.shape[1]} "
+                             f"per device; use pipeline_head='last' or a batch per device "
+                             f"and microbatch that pp divides")
         self.kind, self.mb = (jnp.asarray(a) for a in _tables(stages, microbatches))
         # the metrics' structure (this forward is dead code for XLA)
         self.probe_metrics = forward(params, self._microbatch(0), _StackOutput(self.xs[0]))[1]
@@ -194,11 +207,14 @@ class _OneFOneB:
             return self.run(h, layers, args)
         return self.run(h, layers, args, jnp.asarray(self.active, jnp.int32)[self.stage, 0])
 
-    def _head(self, j, y: jax.Array):
-        """(gradients through the head, output cotangent, loss, metrics) of microbatch j."""
+    def _head(self, j, y: jax.Array, mbatch: Any = None, share: int = 1):
+        """(gradients through the head, output cotangent, loss, metrics) of microbatch j
+        (or of ``mbatch``, ``1/share`` of one, whose loss weighs ``1/share``)."""
+        mbatch = self._microbatch(j) if mbatch is None else mbatch
+
         def loss(params, y):
-            value, metrics = self.forward(params, self._microbatch(j), _StackOutput(y))
-            return value * self.coef, (value, metrics)
+            value, metrics = self.forward(params, mbatch, _StackOutput(y))
+            return value * self.coef / share, (value, metrics)
         out, vjp, (value, metrics) = jax.vjp(loss, self.top, y, has_aux=True)
         dtop, dy = vjp(vma.vary(jnp.ones((), out.dtype), vma.varying(out)))
         return self.vary((dtop, dy, value, metrics))
@@ -213,13 +229,37 @@ class _OneFOneB:
         slot, last = j % self.p, self.stage == self.p - 1
         inp = jnp.where(self.stage == 0, self.xs[j], bufs.incoming[slot])
         out = self.vary(self._stage(self.layers, inp, j))
-        dtop, dy, value, metrics = _choose(last.astype(jnp.int32), [self._no_head, self._head],
-                                           j, out, branchless=self.branchless)
-        bufs = bufs._replace(inputs=lax.dynamic_update_index_in_dim(bufs.inputs, inp, slot, 0),
-                             cotangents=_put(bufs.cotangents, last, dy, slot))
+        bufs = bufs._replace(inputs=lax.dynamic_update_index_in_dim(bufs.inputs, inp, slot, 0))
+        if not self.spread:  # the head runs here, on the last stage
+            head = _choose(last.astype(jnp.int32), [self._no_head, self._head], j, out,
+                           branchless=self.branchless)
+            bufs, sums = self._take_head(bufs, sums, j, last, *head)
+        return bufs, sums, _Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
+
+    def _take_head(self, bufs: _Buffers, sums: _Sums, j, last, dtop, dy, value, metrics):
+        """The head's output cotangent into the last stage's buffer; its sums added."""
+        bufs = bufs._replace(cotangents=_put(bufs.cotangents, last, dy, j % self.p))
         sums = sums._replace(top=self.add_top(sums.top, dtop), loss=sums.loss + value,
                              metrics=jax.tree.map(jnp.add, sums.metrics, metrics))
-        return bufs, sums, _Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
+        return bufs, sums
+
+    def _spread_head(self, bufs: _Buffers, sums: _Sums, when, j, out: jax.Array):
+        """If ``when`` (the last stage ran ``F`` of microbatch ``j``; the same on every
+        device): that microbatch's head, each stage on its share of the examples."""
+        last = self.stage == self.p - 1
+
+        def run(bufs, sums, out):
+            y = from_stage(out, self.stage, self.p - 1, self.axis)
+            k = y.shape[0] // self.p
+            share = lambda a: lax.dynamic_slice_in_dim(a, self.stage * k, k, 0)  # noqa: E731
+            dtop, dy, value, metrics = self._head(
+                j, share(y), jax.tree.map(share, self._microbatch(j)), self.p)
+            dy = lax.dynamic_update_slice_in_dim(jnp.zeros_like(y), dy, self.stage * k, 0)
+            dy = lax.psum(dy.astype(jnp.float32), self.axis).astype(y.dtype)
+            return self.vary(self._take_head(bufs, sums, j, last, dtop, dy, value, metrics))
+
+        return lax.cond(when, run, lambda bufs, sums, out: self.vary((bufs, sums)),
+                        bufs, sums, out)
 
     def _backward_op(self, bufs: _Buffers, sums: _Sums, j):
         slot = j % self.p
@@ -245,6 +285,9 @@ class _OneFOneB:
         bufs, sums, msg = _choose(self.kind[t, self.stage],
                                   [lambda b, s, j, op=op: self.vary(op(b, s, j)) for op in ops],
                                   bufs, sums, self.mb[t, self.stage], branchless=self.branchless)
+        if self.spread:
+            bufs, sums = self._spread_head(bufs, sums, self.kind[t, self.p - 1] == 1,
+                                           self.mb[t, self.p - 1], msg.forward)
         ahead = [(i, i + 1) for i in range(self.p - 1)]
         back = [(i + 1, i) for i in range(self.p - 1)]
         msg = _Messages(*(lax.ppermute(x, self.axis, perm) for x, perm in
@@ -260,29 +303,51 @@ class _OneFOneB:
         z = jnp.zeros_like(self.xs[0])
         return self.vary((bufs, sums, _Messages(z, jnp.int32(0), z, jnp.int32(0))))
 
-    def gradients(self, params: nnx.State):
+    def _run_ticks(self) -> tuple[_Buffers, _Sums]:
         (bufs, sums, _), _ = lax.scan(self._tick, self._initial_carry(),
                                       jnp.arange(self.kind.shape[0]))
+        return bufs, sums
+
+    def gradients(self, params: nnx.State):
+        bufs, sums = self._run_ticks()
         dxs = from_stage(bufs.input_grads, self.stage, 0, self.axis)
         (pre,) = self.pre_vjp(dxs.reshape(-1, *dxs.shape[2:]))
-        top = jax.tree.leaves(from_stage(sums.top, self.stage, self.p - 1, self.axis))
+        top, loss, metrics = self._head_sums(sums)
         layers = iter(jax.tree.leaves(sums.layers))
         add = [jnp.maximum if m else jnp.add for m in self.maxima]
         out = [_match(a(g.astype(jnp.float32), next(layers) if s else t), x) for g, t, s, x, a
                in zip(jax.tree.leaves(pre), top, self.mask, jax.tree.leaves(params), add)]
-        loss, metrics = from_stage((sums.loss, sums.metrics), self.stage, self.p - 1, self.axis)
         return (jax.tree.unflatten(jax.tree.structure(params), out), loss / self.m,
                 jax.tree.map(lambda v: v / self.m, metrics))
+
+    def _head_sums(self, sums: _Sums):
+        """(head gradient leaves, loss sum, metric sums) on every stage: the last
+        stage's, or with the spread head all stages' shares combined (amax
+        observations by maximum; each share's loss and metrics weigh ``1/p``)."""
+        if not self.spread:
+            top = jax.tree.leaves(from_stage(sums.top, self.stage, self.p - 1, self.axis))
+            return (top, *from_stage((sums.loss, sums.metrics), self.stage, self.p - 1,
+                                     self.axis))
+        top = [(lax.pmax if m else lax.psum)(t, self.axis)
+               for t, m in zip(jax.tree.leaves(sums.top), self.maxima)]
+        loss, metrics = jax.tree.map(lambda v: lax.psum(v, self.axis) / self.p,
+                                     (sums.loss, sums.metrics))
+        return top, loss, metrics
 
 
 def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
               stages: int, microbatches: int, axis: str = "pp", branchless: bool = False,
-              active: tuple[tuple[int, ...], ...] | None = None):
+              active: tuple[tuple[int, ...], ...] | None = None, spread_head: bool = False):
     """(gradients of ``coef * mean microbatch loss``, mean loss, mean metrics) on this
     stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
     is the user's loss with ``hook`` installed as the stack's stage runner. With
-    ``branchless`` (tensor parallelism) every stage computes forward, backward and
-    head each tick and keeps the one its table names. ``active``: layers each stage
-    runs (``[stage][0]``) when stages are padded to equal slot counts."""
-    return _OneFOneB(forward, params, batch, coef, stages=stages, microbatches=microbatches,
-                     axis=axis, branchless=branchless, active=active).gradients(params)
+    ``branchless`` (tensor parallelism) the ticks are fused
+    (:mod:`jaxsmp.pipeline.fused_ticks`): no stage takes a branch the others do not. ``active``: layers each stage
+    runs (``[stage][0]``) when stages are padded to equal slot counts.
+    ``spread_head``: every stage runs the head on ``1/p`` of each microbatch's
+    examples (module docstring), which ``p`` must divide."""
+    from jaxsmp.pipeline.fused_ticks import FusedOneFOneB
+    kind = FusedOneFOneB if branchless else _OneFOneB
+    return kind(forward, params, batch, coef, stages=stages, microbatches=microbatches,
+                axis=axis, branchless=branchless, active=active,
+                spread_head=spread_head).gradients(params)

@@ -34,13 +34,15 @@ class PipelinePlan:
     or ``virtual`` (``virtual_chunks`` per stage; Megatron calls this "interleaved");
     ``num_layers``: the stack's depth (None: checked when the stack is seen);
     ``partition``: ``"equal"`` or layers per virtual stage (``pp x chunks`` counts,
-    chunk ``c`` of stage ``s`` being virtual stage ``c * pp + s``)."""
+    chunk ``c`` of stage ``s`` being virtual stage ``c * pp + s``); ``spread_head``
+    (1F1B): every stage runs the head on its share of each microbatch."""
     stages: int = 1
     schedule: str = "simple"
     microbatches: int = 1
     virtual_chunks: int = 2
     num_layers: int | None = None
     partition: str | tuple[int, ...] = "equal"
+    spread_head: bool = False
     axis: str = "pp"
 
     def __post_init__(self) -> None:
@@ -52,7 +54,11 @@ class PipelinePlan:
             check_microbatches(self.schedule, self.stages, self.microbatches)
             if self.num_layers is not None:
                 self.layout()  # raises if the layers do not split into the stages
-        elif self.partition != "equal":
+        if self.spread_head and (self.stages == 1 or self.schedule != "interleaved"):
+            raise ValueError(f"pipeline_head='spread' spreads the head over pipeline stages, "
+                             f"but the mesh has pp={self.stages}; use pp > 1 or "
+                             f"pipeline_head='auto'")
+        if self.stages == 1 and self.partition != "equal":
             raise ValueError(f"pipeline_partition={self.partition!r} splits layers over "
                              f"pipeline stages, but the mesh has pp=1; use pp > 1")
 
@@ -101,7 +107,8 @@ class PipelinePlan:
             return one_f_one_b.gradients(forward, params, batch, coef / self.microbatches,
                                          stages=self.stages,
                                          microbatches=self.microbatches, axis=self.axis,
-                                         branchless=branchless, active=self.active())
+                                         branchless=branchless, active=self.active(),
+                                         spread_head=self.spread_head)
         runner = self.runner()
         m = 1 if runner else self.microbatches  # a pipeline splits inside the stack
 

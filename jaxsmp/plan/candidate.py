@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
 from jaxsmp.pipeline.simulator import Report, simulate
+from jaxsmp.train.precision import precision_policy
 from jaxsmp.checks import positive_int
 
 
@@ -63,6 +64,7 @@ class Candidate:
             positive_int(name, getattr(self, name))
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
+        precision_policy(self.precision)  # raises, naming the valid precisions
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; valid: {SCHEDULES}")
         if self.virtual_chunks > 1 and self.schedule != "virtual":

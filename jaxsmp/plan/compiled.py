@@ -97,10 +97,12 @@ def memory_of(compiled: Any) -> CompiledMemory:
 
 
 def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
-                      devices: list | None = None, stages: tuple[int, ...] = ()):
+                      devices: list | None = None, stages: tuple[int, ...] = (),
+                      spread_head: bool | None = None):
     """The compiled ``jaxsmp.step(causal_lm_loss, ...)`` of ``candidate`` (as
-    :func:`compile_memory`); ``stages``: the planner's layers per (virtual) pipeline
-    stage (:attr:`jaxsmp.plan.StepTime.stages`), which the step then runs."""
+    :func:`compile_memory`); ``stages``, ``spread_head``: the planner's layers per
+    (virtual) pipeline stage and 1F1B head placement (:class:`jaxsmp.plan.StepTime`),
+    which the step then runs."""
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
@@ -119,6 +121,8 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
     options = c.step_options()
     if stages:
         options["pipeline_partition"] = tuple(stages)
+    if spread_head is not None and c.pp > 1 and c.schedule == "interleaved":
+        options["pipeline_head"] = "spread" if spread_head else "last"
     step = jaxsmp.step(causal_lm_loss, **options)
     if devices[0].platform == "cpu":
         compiled = step.lower(state, batch).compile()

@@ -96,8 +96,10 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     GPUS[gpu].check_precision(candidate.precision)
     devices = _topology(gpu, candidate.world)
     start = time.perf_counter()
-    stages = getattr(getattr(plan, "time", None), "stages", ())  # the planner's split
-    compiled = compile_candidate(config, candidate, seq_len, devices=devices, stages=stages)
+    planned = getattr(plan, "time", None)  # the planner's split and head placement
+    compiled = compile_candidate(config, candidate, seq_len, devices=devices,
+                                 stages=getattr(planned, "stages", ()),
+                                 spread_head=getattr(planned, "spread_head", None))
     seconds = time.perf_counter() - start
     w = Workload(config, seq_len)
     predicted = estimate_memory(w, candidate, semantics, backend="gpu")

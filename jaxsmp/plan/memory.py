@@ -84,9 +84,12 @@ class MemoryBreakdown:
 def pipeline_inflight(c: Candidate) -> int:
     """Microbatch-chunks whose activations one stage holds at once: the SPMD runner of
     ``simple``/``virtual`` keeps every tick's (``m*v + p - 1``); 1F1B keeps the simulated
-    peak of stage inputs (``p``). 1 without a pipeline."""
+    peak of stage inputs (``p``), with ``tp``'s fused ticks ``2p - 1``
+    (:mod:`jaxsmp.pipeline.fused_ticks`). 1 without a pipeline."""
     if c.pp == 1:
         return 1
+    if c.schedule == "interleaved" and c.tp > 1:
+        return 2 * c.pp - 1
     if c.schedule == "interleaved":
         # the arguments as throughput's bubble passes them: one lru_cache entry, one simulation
         return max(schedule_report("interleaved", c.pp, c.microbatches,

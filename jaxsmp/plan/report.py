@@ -31,7 +31,7 @@ def _label(p: Plan) -> str:
     """The configuration, with the layers per stage when the stages differ."""
     stages = p.time.stages
     split = f" layers {','.join(map(str, stages))}" if len(set(stages)) > 1 else ""
-    return p.candidate.label() + split
+    return p.candidate.label() + split + (" head spread" if p.time.spread_head else "")
 
 
 def _shares(p: Plan) -> str:

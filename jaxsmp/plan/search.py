@@ -46,9 +46,10 @@ class Plan:
                 "capacity_gib_per_gpu": self.capacity / GiB,
                 "memory_breakdown_gib": self.memory.as_gib(), "memory_peak_at": self.memory.phase,
                 "pipeline_partition": list(self.time.stages),
+                "pipeline_head": "spread" if self.time.spread_head else "last",
                 "step_seconds": t.step_seconds,
                 "time_breakdown_seconds": {k: v for k, v in vars(self.time).items()
-                                           if k != "stages"},
+                                           if k not in ("stages", "spread_head")},
                 "tokens_per_second": t.tokens_per_second, "tflops_per_gpu": t.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu, "mfu": t.mfu,
                 "fits": self.fits}

@@ -20,7 +20,8 @@ from collectives import CostModel, Topology
 from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts, one_f_one_b_seconds
+from jaxsmp.pipeline.partition import (balanced_counts, fused_seconds, one_f_one_b_seconds,
+                                       one_f_one_b_split)
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 
@@ -45,10 +46,11 @@ class StepTime:
     optimizer: float
     offload: float       # host transfers not hidden behind compute
     stages: tuple[int, ...] = ()  # layers per (virtual) pipeline stage, as the step splits
+    spread_head: bool = False     # 1F1B runs the head on every stage (pipeline_head)
 
     @property
     def total(self) -> float:
-        return sum(v for k, v in asdict(self).items() if k != "stages")
+        return sum(v for k, v in asdict(self).items() if k not in ("stages", "spread_head"))
 
 
 @dataclass(frozen=True)
@@ -262,11 +264,10 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
     edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
     m = c.microbatches
-    branchless = 2 if c.pp > 1 and c.schedule == "interleaved" and c.tp > 1 else 1
-    per_layer = (compute + exposed + layer.tp + layer.cp + offload) * branchless
+    per_layer = compute + exposed + layer.tp + layer.cp + offload
     head = _head(w, c, cluster, fitted)
-    split = _stage_split(w, c, layer, per_layer, head)
-    layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers)
+    split, spread = _stage_split(w, c, layer, per_layer, head)
+    layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers, spread)
     per_microbatch = layers * per_layer + edges
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
@@ -278,17 +279,17 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     pipeline = m * per_microbatch
     bubble = (pipeline + m * sends) * _bubble(c)
     if c.pp > 1 and c.schedule == "interleaved":  # the head runs in the last stage's ticks
-        bubble = max(0.0, _lockstep(c, split, layer, per_layer, head) - m * busy)
+        bubble = max(0.0, _lockstep(c, split, layer, per_layer, head, spread) - m * busy)
     return StepTime(
-        compute=m * layers * compute * branchless + m * head * head_here,
-        sdp=m * (layers * exposed * branchless + edges + top),
-        tp=m * layers * layer.tp * branchless,
+        compute=m * layers * compute + m * head * head_here,
+        sdp=m * (layers * exposed + edges + top),
+        tp=m * layers * layer.tp,
         pp=m * sends,
         bubble=bubble,
         dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
-        offload=m * layers * offload * branchless,
-        cp=m * layers * layer.cp * branchless, stages=split)
+        offload=m * layers * offload,
+        cp=m * layers * layer.cp, stages=split, spread_head=spread)
 
 
 def _forward_share(layer: _Layer) -> float:
@@ -296,43 +297,51 @@ def _forward_share(layer: _Layer) -> float:
 
 
 def _stage_split(w: Workload, c: Candidate, layer: _Layer, per_layer: float,
-                 head: float) -> tuple[int, ...]:
-    """Layers per (virtual) stage as ``pipeline_partition="auto"`` splits them: the
-    1F1B split fastest in lock-step with the head in the last stage's forward ticks;
-    the most even one for the other schedules (their head runs outside the ticks)."""
+                 head: float) -> tuple[tuple[int, ...], bool]:
+    """(layers per (virtual) stage, head spread) as ``pipeline_partition="auto"`` and
+    ``pipeline_head="auto"`` choose: for 1F1B the split and head placement fastest in
+    lock-step; the most even split for the other schedules (their head runs outside
+    the ticks)."""
     if c.pp == 1:
-        return ()
+        return (), False
     parts = c.pp * c.virtual_chunks
     if w.layers < parts:
         raise ValueError(f"{c.label()} needs at least pp x chunks = {parts} layers; the "
                          f"model has {w.layers}")
     if c.schedule != "interleaved":
         if w.layers % parts == 0:
-            return (w.layers // parts,) * parts
-        return balanced_counts([1.0] * w.layers, parts)
+            return (w.layers // parts,) * parts, False
+        return balanced_counts([1.0] * w.layers, parts), False
     forward = per_layer * _forward_share(layer)
-    return one_f_one_b_counts(w.layers, c.pp, c.microbatches, forward, per_layer - forward,
-                              head)
+    split = one_f_one_b_split(w.layers, c.pp, c.microbatches, forward, per_layer - forward,
+                              head, can_spread=c.microbatch_size % c.pp == 0,
+                              fused=c.tp > 1)
+    return split.counts, split.spread_head
 
 
 def _busiest(c: Candidate, split: tuple[int, ...], per_layer: float, head: float,
-             num_layers: int) -> tuple[int, int, float]:
-    """(layers, 1 if it runs the head else 0, seconds per microbatch) of the busiest stage."""
+             num_layers: int, spread: bool = False) -> tuple[int, float, float]:
+    """(layers, the share of the head it runs, seconds per microbatch) of the busiest
+    stage."""
     if not split:
         return num_layers, 1, num_layers * per_layer + head
     layers = [sum(split[s::c.pp]) for s in range(c.pp)]
     inside = c.schedule == "interleaved"   # else every stage runs the head, outside
-    loads = [n * per_layer + (head if inside and s == c.pp - 1 else 0.0)
-             for s, n in enumerate(layers)]
+    shares = [(1 / c.pp if spread else float(s == c.pp - 1)) if inside else 1.0
+              for s in range(c.pp)]
+    loads = [n * per_layer + share * head for n, share in zip(layers, shares)]
     s = max(range(c.pp), key=loads.__getitem__)
-    return layers[s], int(not inside or s == c.pp - 1), loads[s]
+    return layers[s], shares[s], loads[s]
 
 
 def _lockstep(c: Candidate, split: tuple[int, ...], layer: _Layer, per_layer: float,
-              head: float) -> float:
-    """Seconds of the 1F1B ticks, every tick as long as its slowest stage's op."""
+              head: float, spread: bool = False) -> float:
+    """Seconds of the 1F1B ticks, every tick as long as its slowest stage's op (under
+    ``tp`` the step's fused ticks, :mod:`jaxsmp.pipeline.fused_ticks`)."""
     forward = per_layer * _forward_share(layer)
-    return one_f_one_b_seconds(split, c.microbatches, forward, per_layer - forward, head)
+    timing = fused_seconds if c.tp > 1 else one_f_one_b_seconds
+    return timing(split, c.microbatches, forward, per_layer - forward, head,
+                  spread_head=spread)
 
 
 def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:

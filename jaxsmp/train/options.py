@@ -22,6 +22,9 @@ def _check_partition(value) -> None:
                          f"positive layer counts, one per pipeline stage; got {value!r}")
 
 
+HEADS = ("auto", "last", "spread")
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
@@ -44,7 +47,11 @@ class StepOptions:
     the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`), and
     ``pipeline_partition`` how many layers each stage holds: ``auto`` (balanced on the
     model's compiled layer and head costs, :mod:`jaxsmp.train.stage_costs`), ``equal``
-    or one count per stage (per virtual stage with ``virtual``). ``context_parallel``
+    or one count per stage (per virtual stage with ``virtual``); ``pipeline_head``
+    (1F1B) where the vocabulary projection and loss run: ``last`` (the last stage's
+    forward ticks), ``spread`` (every stage on ``1/pp`` of each microbatch's examples,
+    which ``pp`` must divide) or ``auto`` (the faster on the same compiled costs;
+    ``simple`` and ``virtual`` run the head on every stage). ``context_parallel``
     (needs cp > 1 when not ``auto``): how attention reaches the other ``cp`` devices'
     tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`)."""
     microbatches: int = 1
@@ -60,6 +67,7 @@ class StepOptions:
     pipeline: str = "simple"
     virtual_chunks: int = 2
     pipeline_partition: str | tuple[int, ...] = "auto"
+    pipeline_head: str = "auto"
     context_parallel: str = "auto"
 
     def __post_init__(self) -> None:
@@ -67,6 +75,11 @@ class StepOptions:
             raise ValueError(f"unknown pipeline schedule {self.pipeline!r}; valid: {SCHEDULES}")
         positive_int("virtual_chunks", self.virtual_chunks)
         _check_partition(self.pipeline_partition)
+        if self.pipeline_head not in HEADS:
+            raise ValueError(f"unknown pipeline_head {self.pipeline_head!r}; valid: {HEADS}")
+        if self.pipeline_head == "spread" and self.pipeline != "interleaved":
+            raise ValueError(f"pipeline_head='spread' needs pipeline='interleaved' (1F1B); "
+                             f"{self.pipeline!r} runs the head on every stage already")
         positive_int("microbatches", self.microbatches)
         precision_policy(self.precision)
         positive_int("fp8_history", self.fp8_history)

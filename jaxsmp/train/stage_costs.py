@@ -5,7 +5,8 @@ cuts it): one stacked layer and the head (everything after it, the loss included
 on one device (the host's CPU for GPU targets, :func:`_forward`) for one microbatch of
 this device's rows, and XLA's cost analysis gives its FLOPs and bytes; a
 roofline on the target's peak rate and memory bandwidth turns them into time, and
-:func:`jaxsmp.pipeline.partition.one_f_one_b_counts` splits the layers.
+:func:`jaxsmp.pipeline.partition.one_f_one_b_split` splits the layers and places the
+head (``pipeline_head="auto"``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import numpy as np
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.param import is_var
 from jaxsmp.pipeline.one_f_one_b import _RecordStack, _StackOutput
-from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_counts, roofline_seconds
+from jaxsmp.pipeline.layout import equal_counts
+from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_split, roofline_seconds
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
 
@@ -63,7 +65,8 @@ def _forward(fn: LossFn, state, options: StepOptions):
         device, impl = jax.devices("cpu")[0], "reference"
     one = Mesh(devices=[device])
     simple = dataclasses.replace(options, sequence_parallel=False, context_parallel="auto",
-                                 pipeline="simple", pipeline_partition="equal")
+                                 pipeline="simple", pipeline_partition="equal",
+                                 pipeline_head="auto")
     return one, local_forward(fn, state.graphdef, simple, "auto", one.jax_mesh, impl)
 
 
@@ -107,15 +110,23 @@ def _real(dtype):
 
 
 def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
-                   num_layers: int, chunks: int) -> tuple[int, ...]:
-    """Layers per virtual stage balancing the stage times the schedule runs: the head
-    is part of 1F1B's last stage (it runs inside its forward ticks), whose split is the
-    fastest in the lock-step simulation of its ticks; the other schedules run the
+                   num_layers: int, chunks: int) -> tuple[tuple[int, ...], bool]:
+    """(layers per virtual stage, whether 1F1B spreads the head over the stages)
+    balancing the stage times the schedule runs; ``auto`` options are chosen, the
+    others kept. The head is part of 1F1B's last stage (it runs inside its forward
+    ticks) or spread over all stages after them: the split and placement are the
+    fastest in the lock-step simulation of the ticks. The other schedules run the
     embedding and the head on every stage outside the ticks (the most even split)."""
-    parts = state.mesh.pp * chunks
+    partition, head = options.pipeline_partition, options.pipeline_head
+    given = (None if partition == "auto" else equal_counts(num_layers, state.mesh.pp, chunks)
+             if partition == "equal" else tuple(partition))
     if options.pipeline != "interleaved":  # identical layers, nothing else in the ticks
-        return balanced_counts([1.0] * num_layers, parts)
+        return given or balanced_counts([1.0] * num_layers, state.mesh.pp * chunks), False
     platform = state.mesh.jax_mesh.devices.flat[0].platform
-    forward, both, head = piece_seconds(fn, state, options, microbatch, platform)
-    return one_f_one_b_counts(num_layers, state.mesh.pp, options.microbatches, forward,
-                              both, head)
+    forward, both, head_seconds = piece_seconds(fn, state, options, microbatch, platform)
+    args = (num_layers, state.mesh.pp, options.microbatches, forward, both, head_seconds)
+    fused = state.mesh.tp > 1  # as the step runs it (jaxsmp.pipeline.fused_ticks)
+    rows = jax.tree.leaves(microbatch)[0].shape[0]
+    split = one_f_one_b_split(*args, can_spread=rows % state.mesh.pp == 0, counts=given,
+                              fused=fused, placement=head)
+    return split.counts, split.spread_head

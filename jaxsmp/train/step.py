@@ -38,10 +38,12 @@ from jaxsmp.train.state import TrainState, state_shardings
 from jaxsmp.train.update import apply_gradients
 
 
-def _plan(state: TrainState, options: StepOptions, partition: Any = None) -> PipelinePlan:
+def _plan(state: TrainState, options: StepOptions, partition: Any = None,
+          spread_head: bool | None = None) -> PipelinePlan:
     """The pipeline plan; settings the mesh cannot serve fail here, before compiling.
-    ``partition``: the resolved ``pipeline_partition`` (None: the option's; ``auto``'s
-    split is only known when the step is traced, so its layout is not checked)."""
+    ``partition``, ``spread_head``: the resolved ``pipeline_partition`` and
+    ``pipeline_head`` (None: the options'; ``auto``'s are only known when the step is
+    traced, so its layout is not checked)."""
     if options.sequence_parallel and state.mesh.tp == 1:
         raise ValueError("sequence_parallel=True splits activations over tp, but the mesh "
                          "has tp=1; use a mesh with tp > 1 or sequence_parallel=False")
@@ -58,7 +60,9 @@ def _plan(state: TrainState, options: StepOptions, partition: Any = None) -> Pip
                         microbatches=options.microbatches,
                         virtual_chunks=options.virtual_chunks,
                         num_layers=None if auto else num_layers,
-                        partition="equal" if partition == "auto" else partition)
+                        partition="equal" if partition == "auto" else partition,
+                        spread_head=(options.pipeline_head == "spread" if spread_head is None
+                                     else spread_head))
     if auto and num_layers is not None:
         check_enough(num_layers, plan.stages, plan.chunks)
     return plan
@@ -94,16 +98,28 @@ class _Step:
         return place_batch(batch, state.mesh, microbatches, _vocab_size(state))
 
     def _resolved_plan(self, state: TrainState, batch: Any) -> PipelinePlan:
-        """The plan, ``pipeline_partition="auto"`` resolved for ``batch``'s shapes."""
-        return _plan(state, self.options, self.pipeline_partition(state, batch))
+        """The plan, ``pipeline_partition`` and ``pipeline_head`` resolved for
+        ``batch``'s shapes."""
+        return _plan(state, self.options, *self._split(state, batch))
 
     def pipeline_partition(self, state: TrainState, batch: Any) -> str | tuple[int, ...]:
         """The layers per (virtual) pipeline stage this step runs on ``batch`` (placed
         or not; arrays or shapes): ``"equal"`` or the counts, ``auto`` resolved from
         compiled costs (:mod:`jaxsmp.train.stage_costs`)."""
+        return self._split(state, batch)[0]
+
+    def pipeline_head(self, state: TrainState, batch: Any) -> str:
+        """Where this step runs the head on ``batch``: ``"last"`` or ``"spread"``."""
+        return "spread" if self._split(state, batch)[1] else "last"
+
+    def _split(self, state: TrainState, batch: Any) -> tuple[str | tuple[int, ...], bool]:
+        """(pipeline_partition, spread_head), ``auto`` resolved from compiled costs."""
         partition, layers = self.options.pipeline_partition, _num_layers(state)
-        if partition != "auto" or state.mesh.pp == 1 or layers is None:
-            return partition if partition != "auto" else "equal"
+        costed = partition == "auto" or (self.options.pipeline_head == "auto" and
+                                          self.options.pipeline == "interleaved")
+        if not costed or state.mesh.pp == 1 or layers is None:
+            return ("equal" if partition == "auto" else partition,
+                    self.options.pipeline_head == "spread")
         rows = jax.tree.leaves(batch)[0].shape[0] // (state.mesh.data_size *
                                                       self.options.microbatches)
         micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype),
@@ -112,9 +128,9 @@ class _Step:
         key = (jax.tree.structure(state), str(jax.tree.map(jnp.shape, (state.params, micro))))
         cache = self.__dict__.setdefault("_partitions", {})
         if key not in cache:
-            counts = stage_costs.auto_partition(self.fn, state, self.options, micro, layers,
-                                                chunks)
-            cache[key] = "equal" if len(set(counts)) == 1 else counts
+            counts, spread = stage_costs.auto_partition(self.fn, state, self.options, micro,
+                                                        layers, chunks)
+            cache[key] = ("equal" if len(set(counts)) == 1 else counts, spread)
         return cache[key]
 
     def _with_fp8(self, state: TrainState) -> TrainState:
@@ -188,7 +204,7 @@ class TrainStep(_Step):
         _plan(state, self.options)  # bad pipeline settings fail before compiling
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
-        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
+        self._resolved_plan(state, batch)  # auto: costed
         jitted = self._jitted(state)
         if self.options.remat == "offload" and jitted._cache_size() == 0:
             check_offloads(jitted.lower(state, batch).compile().as_text())
@@ -201,7 +217,7 @@ class TrainStep(_Step):
         _plan(state, self.options)
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
-        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
+        self._resolved_plan(state, batch)  # auto: costed
         return self._jitted(state, gradients_only=True)(state, batch)
 
     def lower(self, state: TrainState, batch: Any, platforms: tuple[str, ...] | None = None):
@@ -212,7 +228,7 @@ class TrainStep(_Step):
         _plan(state, self.options)
         state = self._with_fp8(state)
         batch = self._place(state, batch, self.options.microbatches)
-        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
+        self._resolved_plan(state, batch)  # auto: costed
         traced = self._jitted(state).trace(state, batch)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
@@ -244,7 +260,7 @@ class EvalStep(_Step):
         microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
         state = self._with_fp8(state)
         batch = self._place(state, batch, microbatches)
-        _plan(state, self.options, self.pipeline_partition(state, batch))  # auto: costed
+        self._resolved_plan(state, batch)  # auto: costed
         return self._jit(state, batch)
 
 

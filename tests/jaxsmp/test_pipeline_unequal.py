@@ -132,6 +132,67 @@ def test_unequal_stages_match_single_device(config, tokens, reference, degrees, 
     assert_gradients_match(got, reference)
 
 
+@pytest.fixture(scope="module")
+def rows32():
+    """Tokens whose microbatches pp divides: 32 rows, 4 microbatches, 4 or 2 examples
+    per device and microbatch."""
+    return np.random.default_rng(2).integers(0, 256, (32, 32)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def reference32(config, rows32):
+    return gradients(config, single_device_mesh(), rows32)
+
+
+@pytest.mark.parametrize("degrees,options", [
+    (dict(pp=4, sdp=2), dict(pipeline_partition=(2, 3, 3, 2))),
+    pytest.param(dict(pp=4, sdp=2), dict(pipeline_partition="auto", remat="full"),
+                 marks=SLOW),
+    (dict(pp=2, sdp=2, tp=2), dict(pipeline_partition=(6, 4))),
+    pytest.param(dict(dp=2, pp=2, sdp=2), dict(pipeline_partition=(3, 7)), marks=SLOW),
+], ids=["pp4-sdp2-2332", "pp4-sdp2-auto-remat", "pp2-sdp2-tp2-64", "dp2-pp2-sdp2-37"])
+def test_1f1b_with_the_head_spread_over_the_stages_matches_single_device(
+        config, rows32, reference32, degrees, options):
+    """Each stage runs the head on 1/pp of every microbatch."""
+    got = gradients(config, jaxsmp.Mesh(**degrees), rows32, microbatches=4,
+                    pipeline="interleaved", pipeline_head="spread", **options)
+    assert_gradients_match(got, reference32)
+    np.testing.assert_allclose(got[1]["loss"], reference32[1]["loss"], rtol=1e-6)
+
+
+def test_1f1b_spreads_a_head_heavier_than_a_stage_and_keeps_a_light_one_last():
+    from jaxsmp.pipeline.partition import one_f_one_b_seconds, one_f_one_b_split
+    # bench/pipeline.py's pieces (ms) at vocab 50304 and 512: 4 microbatches, pp=4
+    heavy = one_f_one_b_split(8, 4, 4, 9.8, 25.4, 187.7, can_spread=True)
+    assert heavy.spread_head and heavy.seconds < one_f_one_b_seconds(
+        (2, 2, 2, 2), 4, 9.8, 25.4, 187.7) / 1.5
+    light = one_f_one_b_split(8, 4, 4, 6.5, 18.2, 2.9, can_spread=True)
+    assert light.counts == (2, 2, 2, 2) and not light.spread_head
+    assert not one_f_one_b_split(8, 4, 4, 9.8, 25.4, 187.7, can_spread=False).spread_head
+    # the spread head: head / p after each of the last stage's forward ticks
+    assert one_f_one_b_seconds((1, 1), 2, 1.0, 2.0, 4.0, spread_head=True) == pytest.approx(
+        one_f_one_b_seconds((1, 1), 2, 1.0, 2.0, 0.0) + 2 * 4.0 / 2)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(pipeline_head="first"), r"unknown pipeline_head 'first'; valid: \('auto', 'last', "
+                                  r"'spread'\)"),
+    (dict(pipeline_head="spread"), r"pipeline_head='spread' needs pipeline='interleaved'"),
+])
+def test_bad_pipeline_heads_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)
+
+
+def test_a_spread_head_needs_microbatches_pp_divides(config, tokens):
+    state = jaxsmp.init(config.build, optax.sgd(1.0), jaxsmp.Mesh(pp=4, sdp=2))
+    step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, microbatches=4, pipeline="interleaved",
+                       pipeline_head="spread", pipeline_partition=(2, 3, 3, 2))
+    with pytest.raises(ValueError, match=r"pipeline_head='spread' splits each microbatch's "
+                                         r"examples over the 4 stages; a microbatch has 2"):
+        step.gradients(state, {"tokens": tokens})
+
+
 def test_layers_pp_does_not_divide_are_stored_whole_on_every_stage(config):
     state = jaxsmp.init(config.build, optax.sgd(1.0), jaxsmp.Mesh(pp=4, sdp=2))
     stacked = [x for x in jax.tree.leaves(state.params) if x.ndim >= 2 and x.shape[0] == 10]

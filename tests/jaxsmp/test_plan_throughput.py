@@ -134,3 +134,26 @@ def test_the_report_names_an_unequal_split():
                     P4D)
     assert "layers 10,3,10,1" in table([plan])
     assert records([plan])[0]["pipeline_partition"] == [10, 3, 10, 1]
+
+
+def test_a_heavy_head_is_spread_when_the_microbatch_divides_and_the_report_says_so():
+    """With 4 sequences per microbatch on pp=4, the planner (as the step's
+    pipeline_head="auto") spreads the 512k-vocabulary head over the stages: less time
+    than the best split with the head on the last stage."""
+    from jaxsmp.plan import throughput as tp
+    from jaxsmp.plan.report import records, table
+    from jaxsmp.plan.search import evaluate
+    heavy = Workload(jaxsmp.models.preset("gpt_neox", "1.3b", vocab_size=512000), 2048)
+    c, four = Candidate(1, 8, 1, 4, 4, 16, "full", schedule="interleaved"), cluster(
+        "p4d.24xlarge", 4)
+    plan = evaluate(heavy, c, four)
+    assert plan.time.spread_head and "head spread" in table([plan])
+    assert records([plan])[0]["pipeline_head"] == "spread"
+    layer = tp._layer(heavy, c, four, TARGET, tp.FITTED)
+    compute, exposed, offload = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
+    per_layer = compute + exposed + layer.tp + layer.cp + offload
+    forward, head = per_layer * tp._forward_share(layer), tp._head(heavy, c, four, tp.FITTED)
+    last = tp.one_f_one_b_split(24, 4, 16, forward, per_layer - forward, head,
+                                can_spread=False)
+    assert (tp._lockstep(c, plan.time.stages, layer, per_layer, head, True)
+            < tp._lockstep(c, last.counts, layer, per_layer, head))
