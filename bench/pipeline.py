@@ -26,7 +26,10 @@ of real pipeline stages running concurrently (a CPU step costs the work of all s
 together, which a split does not change); the memory, bubble and simulated balance
 columns do.
 
-    python bench/pipeline.py [--steps 5] [--microbatches 8] [--only balance]
+4. Tensor parallelism: 1F1B (fused lock-step ticks) against GPipe on pp=2, sdp=2,
+   tp=2 (``bench/pipeline_tp.py``).
+
+    python bench/pipeline.py [--steps 5] [--microbatches 8] [--only balance|tp|...]
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ from jaxsmp.nn import rotary_tables  # noqa: E402
 from jaxsmp.pipeline import StageRunner, partition  # noqa: E402
 from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
 from pipeline_balance import Head, balance_table  # noqa: E402
+from pipeline_tp import tp_table  # noqa: E402
 
 SEQ, BATCH = 128, 32
 
@@ -139,7 +143,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--only", choices=("train", "bubble", "plan", "balance"), default=None)
+    parser.add_argument("--only", choices=("train", "bubble", "plan", "balance", "tp"),
+                        default=None)
     args = parser.parse_args()
     config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=8,
                                   attention_impl="reference")
@@ -151,6 +156,8 @@ def main() -> None:
         plan(config)
     if args.only in (None, "balance"):
         balance_table(args.steps)
+    if args.only in (None, "tp"):
+        tp_table(args.steps)
 
 
 def plan(config) -> None:

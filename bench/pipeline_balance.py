@@ -1,4 +1,5 @@
-"""Pipeline balance: 1F1B at pp=4 with ``pipeline_partition="equal"`` vs ``"auto"``.
+"""Pipeline balance: 1F1B at pp=4, ``pipeline_partition="equal"`` with the head on the
+last stage vs ``"auto"`` (the split and ``pipeline_head`` chosen on compiled costs).
 
 Run through ``python bench/pipeline.py --only balance`` (its docstring says what is
 measured and simulated).
@@ -18,9 +19,10 @@ from jaxsmp.losses import next_token_loss
 from jaxsmp.nn import rotary_tables
 from jaxsmp.pipeline import make_schedule
 from jaxsmp.pipeline.partition import stack_layers
+from jaxsmp.pipeline.partition import one_f_one_b_seconds
 from jaxsmp.pipeline.simulator import async_time, lockstep_time
 
-PP, SDP, MICRO, BATCH, SEQ = 4, 2, 4, 16, 128  # 2 rows per microbatch and device
+PP, SDP, MICRO, BATCH, SEQ = 4, 2, 4, 32, 128  # 4 rows per microbatch and device
 WIDTH = dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8,
              intermediate_size=2048, attention_impl="reference")
 
@@ -72,10 +74,16 @@ def piece_times(config, repeats: int = 7) -> tuple[float, float, float]:
     return tuple(_medians(fns, [(w, h), (w, h, h), (head, h)], repeats))
 
 
-def simulated(counts, pieces, run=None):
+def simulated(counts, pieces, run=None, spread: bool = False):
     """(step, busy per stage, idle fraction per stage) of 1F1B in lock-step (jaxsmp's
-    SPMD runner), or as ``run`` (e.g. :func:`async_time`) runs it."""
+    SPMD runner), or as ``run`` (e.g. :func:`async_time`) runs it. ``spread``: the
+    head runs on every stage, ``1/PP`` each, after each of the last stage's forwards
+    (lock-step only: it synchronises the stages)."""
     t_f, t_fb, t_head = pieces
+    if spread:
+        step = one_f_one_b_seconds(counts, MICRO, t_f, t_fb, t_head, spread_head=True)
+        busy = [MICRO * (n * (t_f + t_fb) + t_head / PP) for n in counts]
+        return step, busy, [1 - b / step for b in busy]
 
     def duration(stage, op):
         n = counts[stage]
@@ -87,16 +95,18 @@ def simulated(counts, pieces, run=None):
 
 
 def measured_steps(config, steps: int) -> tuple[dict, list[float]]:
-    """(the split each option runs, median CPU step seconds), steps alternating."""
+    """({option: (split, head)} each runs, median CPU step seconds), steps alternating."""
     mesh = jaxsmp.Mesh(pp=PP, sdp=SDP)
     tokens = np.random.default_rng(0).integers(0, config.vocab_size, (BATCH, SEQ), np.int32)
     batch = {"tokens": tokens}
     runs, splits = [], {}
-    for option in ("equal", "auto"):
+    for option, head in (("equal", "last"), ("auto", "auto")):
         step = jaxsmp.step(jaxsmp.losses.causal_lm_loss, microbatches=MICRO,
-                           pipeline="interleaved", pipeline_partition=option)
+                           pipeline="interleaved", pipeline_partition=option,
+                           pipeline_head=head)
         state = jaxsmp.init(config.build, optax.sgd(1e-3), mesh)
-        splits[option] = step.pipeline_partition(state, batch)
+        splits[option] = (step.pipeline_partition(state, batch),
+                          step.pipeline_head(state, batch))
         runs.append((step, [state]))
 
     def one(step, holder):
@@ -113,22 +123,25 @@ def _counts(split) -> tuple[int, ...]:
 def balance_table(steps: int) -> None:
     print(f"\nBalance: GPT-NeoX 8 layers d=512, 1F1B, pp={PP} sdp={SDP}, {MICRO} microbatches "
           f"of {BATCH // SDP // MICRO}x{SEQ} tokens per device\n")
-    print("| vocab | split | layers per stage | CPU step s (median) | lock-step ms | "
+    print("| vocab | option | layers per stage | head | CPU step s (median) | lock-step ms | "
           "busy ms per stage | idle fraction per stage | lock-step speed-up | "
           "asynchronous ms (speed-up) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for vocab in (50304, 8192, 512):
         config = jaxsmp.models.preset("gpt_neox", "tiny", vocab_size=vocab, **WIDTH)
         pieces = piece_times(config)
         splits, cpu = measured_steps(config, steps)
-        base = simulated(_counts(splits["equal"]), pieces)[0]
-        base_async = simulated(_counts(splits["equal"]), pieces, async_time)[0]
-        for (option, split), t in zip(splits.items(), cpu):
-            step, busy, idle = simulated(_counts(split), pieces)
-            free = simulated(_counts(split), pieces, async_time)[0]
-            print(f"| {vocab} | {option} | {_counts(split)} | {t:.2f} | {step * 1e3:.1f} | "
-                  f"{', '.join(f'{b * 1e3:.1f}' for b in busy)} | "
-                  f"{', '.join(f'{i:.2f}' for i in idle)} | {base / step:.2f}x | "
-                  f"{free * 1e3:.1f} ({base_async / free:.2f}x) |", flush=True)
+        base = simulated(_counts(splits["equal"][0]), pieces)[0]
+        base_async = simulated(_counts(splits["equal"][0]), pieces, async_time)[0]
+        for (option, (split, head)), t in zip(splits.items(), cpu):
+            spread = head == "spread"
+            step, busy, idle = simulated(_counts(split), pieces, spread=spread)
+            free = ("-" if spread else
+                    f"{(a := simulated(_counts(split), pieces, async_time)[0]) * 1e3:.1f} "
+                    f"({base_async / a:.2f}x)")
+            print(f"| {vocab} | {option} | {_counts(split)} | {head} | {t:.2f} | "
+                  f"{step * 1e3:.1f} | {', '.join(f'{b * 1e3:.1f}' for b in busy)} | "
+                  f"{', '.join(f'{i:.2f}' for i in idle)} | {base / step:.2f}x | {free} |",
+                  flush=True)
         print(f"|  | pieces ms: layer F {pieces[0] * 1e3:.1f}, layer B {pieces[1] * 1e3:.1f}, "
-              f"head+loss F+B {pieces[2] * 1e3:.1f} | | | | | | | |", flush=True)
+              f"head+loss F+B {pieces[2] * 1e3:.1f} | | | | | | | | |", flush=True)
