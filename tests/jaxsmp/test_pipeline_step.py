@@ -143,9 +143,13 @@ def test_eval_step_with_pipeline(config, tokens, pp4_state):
 @pytest.mark.parametrize("schedule", ["simple", "interleaved"])
 def test_pipeline_with_remat_and_bf16(config, tokens, schedule):
     """Remat and mixed precision compose with the pipeline: bf16 losses stay within
-    2e-2 of the float32 single-device run and training still descends."""
-    ref = train(config, single_device_mesh(), tokens, precision="bf16", remat="full")[1]
+    2e-2 of the float32 single-device run and training still descends. The pipeline
+    runs first: after a single-device remat="full" step in the same process, the
+    pp=2 sdp=4 GPipe bf16 remat="full" step hangs in an XLA:CPU collective (jax 0.10.2,
+    reproduced outside pytest, not understood; alone, or after a remat="none" step,
+    it runs in 5 s)."""
     _, losses = train(config, jaxsmp.Mesh(pp=2, sdp=4), tokens, microbatches=4,
                       pipeline=schedule, precision="bf16", remat="full")
+    ref = train(config, single_device_mesh(), tokens, precision="bf16", remat="full")[1]
     np.testing.assert_allclose(losses, ref, rtol=2e-2)
     assert losses[-1] < losses[0]
