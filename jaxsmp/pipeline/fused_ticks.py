@@ -8,8 +8,9 @@ backward slot: stage ``s`` runs the forward of microbatch ``t - s`` and the back
 of microbatch ``t - (2p - 2 - s)`` at tick ``t``. A slot runs on every device or on
 none (it is skipped where no stage has work in it: the ramps); a stage with no work
 in a running slot computes on placeholder data and discards it, as the GPipe
-runner's off-schedule ticks do. The last stage's head runs between its forward and
-backward slots.
+runner's off-schedule ticks do. The head runs between the slots: on the last stage,
+where (its matmuls hold ``tp`` collectives too) every stage computes it and keeps the
+last stage's, or spread (``pipeline_head="spread"``), each stage on its share.
 
 ``m + 2p - 2`` ticks, of which ``m + p - 1`` run each slot: in lock-step
 ``(m + p - 1)(F + B)``, GPipe's time, where computing every op at every tick took

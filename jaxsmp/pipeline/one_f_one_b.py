@@ -342,8 +342,9 @@ def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, 
     stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
     is the user's loss with ``hook`` installed as the stack's stage runner. With
     ``branchless`` (tensor parallelism) the ticks are fused
-    (:mod:`jaxsmp.pipeline.fused_ticks`): no stage takes a branch the others do not. ``active``: layers each stage
-    runs (``[stage][0]``) when stages are padded to equal slot counts.
+    (:mod:`jaxsmp.pipeline.fused_ticks`): no stage takes a branch the others do not.
+    ``active``: layers each stage runs (``[stage][0]``) when stages are padded to equal
+    slot counts.
     ``spread_head``: every stage runs the head on ``1/p`` of each microbatch's
     examples (module docstring), which ``p`` must divide."""
     from jaxsmp.pipeline.fused_ticks import FusedOneFOneB

@@ -10,9 +10,9 @@ observed amaxes (:func:`roll_histories`).
 The observations come back as the histories' cotangents (:mod:`jaxsmp.nn.fp8`), and
 every repeat of a matmul must combine them with a maximum where gradients are summed:
 microbatches (:func:`microbatch_gradients`), a pipeline's ticks (the Stack's
-``max_accumulating`` cast; 1F1B's own accumulation), data replicas (:func:`jaxsmp.train.manual.sum_over_replicas`
-takes ``pmax``). ``tp`` and ``cp`` are GSPMD's: the amax of a split tensor is already
-the global one.
+``max_accumulating`` cast; 1F1B's own accumulation), data replicas
+(:func:`jaxsmp.train.manual.sum_over_replicas` takes ``pmax``). ``tp`` and ``cp``
+are GSPMD's: the amax of a split tensor is already the global one.
 """
 from __future__ import annotations
 
@@ -83,9 +83,10 @@ def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
 def _check_histories(model, history: int, vocab: bool) -> None:
     """Refuses a state whose histories are not those ``history`` and ``vocab`` ask for
     (e.g. restored from a run with other fp8 settings)."""
-    want = {path for path, m in nnx.iter_modules(model) if runs_fp8(m, vocab)}
-    have = {path for path, m in nnx.iter_modules(model) if getattr(m, "fp8", None) is not None}
-    lengths = {m.fp8.shape[-1] for path, m in nnx.iter_modules(model) if path in have}
+    modules = dict(nnx.iter_modules(model))
+    want = {path for path, m in modules.items() if runs_fp8(m, vocab)}
+    have = {path for path, m in modules.items() if getattr(m, "fp8", None) is not None}
+    lengths = {modules[path].fp8.shape[-1] for path in have}
     if have != want or lengths != {history}:
         raise ValueError(
             f"the state holds fp8 histories of length {sorted(lengths)} on {len(have)} "

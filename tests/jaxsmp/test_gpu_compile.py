@@ -162,3 +162,25 @@ def test_32k_tokens_compile_for_h100_with_context_parallelism(mesh, strategy, ke
     else:
         assert result["kernels"] == {"cudnn": 0, "triton": 0}, result
     assert 0 < result["temporaries_mib"] < 40 * 1024, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("degrees, options", [
+    (dict(pp=2, sdp=2, tp=2), dict(pipeline_head="last")),
+    (dict(pp=2, sdp=2, tp=2), dict(pipeline_head="spread")),
+    (dict(pp=2, sdp=4), dict(pipeline_head="spread", precision="fp8")),
+], ids=["tp-fused-last", "tp-fused-spread", "fp8-spread"])
+def test_1f1b_variants_compile_for_h100(degrees, options):
+    """1F1B's fused ticks (under tp), the spread head and fp8 on 1F1B, compiled by
+    XLA:GPU: the ticks' transfers are collective-permutes, the spread head's psums
+    all-reduces, and fp8's matmuls cuBLASLt FP8 GEMMs."""
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=4)
+    options = {"precision": "bf16", **options}
+    mesh = jaxsmp.Mesh(**degrees, devices=gpu_target.topology("H100-SXM"))
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    batch = {"tokens": jax.ShapeDtypeStruct((16, 128), np.int32)}  # pp divides microbatches
+    step = jaxsmp.step(causal_lm_loss, microbatches=2, pipeline="interleaved", **options)
+    text = gpu_target.compile_step(step, state, batch, mesh, options["precision"]).as_text()
+    assert "collective-permute" in text and "all-reduce" in text
+    if options["precision"] == "fp8":
+        assert gpu_target.count_fp8_gemms(text) > 0
