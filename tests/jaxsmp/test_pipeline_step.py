@@ -139,17 +139,41 @@ def test_eval_step_with_pipeline(config, tokens, pp4_state):
     np.testing.assert_allclose(float(got["loss"]), expected, rtol=1e-5)
 
 
+_REMAT_BF16 = """
+import json, sys
+import numpy as np
+import jaxsmp
+from conftest import train
+config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=4,
+                              attention_impl="reference")
+tokens = np.random.default_rng(0).integers(0, 256, (16, 32)).astype(np.int32)
+_, losses = train(config, jaxsmp.Mesh(pp=2, sdp=4), tokens, microbatches=4,
+                  pipeline=sys.argv[1], precision="bf16", remat="full")
+print(json.dumps(losses))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["simple", "interleaved"])
 def test_pipeline_with_remat_and_bf16(config, tokens, schedule):
     """Remat and mixed precision compose with the pipeline: bf16 losses stay within
     2e-2 of the float32 single-device run and training still descends. The pipeline
-    runs first: after a single-device remat="full" step in the same process, the
-    pp=2 sdp=4 GPipe bf16 remat="full" step hangs in an XLA:CPU collective (jax 0.10.2,
-    reproduced outside pytest, not understood; alone, or after a remat="none" step,
-    it runs in 5 s)."""
-    _, losses = train(config, jaxsmp.Mesh(pp=2, sdp=4), tokens, microbatches=4,
-                      pipeline=schedule, precision="bf16", remat="full")
+    runs in a fresh process: after a single-device remat="full" step in the same
+    process (here, or in an earlier test on the same worker), the pp=2 sdp=4 GPipe
+    bf16 remat="full" step hangs in an XLA:CPU collective (jax 0.10.2, reproduced
+    outside pytest, not understood; alone it runs in 5 s)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])])}
+    run = subprocess.run([sys.executable, "-c", "import conftest\n" + _REMAT_BF16, schedule],
+                         cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    losses = json.loads(run.stdout.strip().splitlines()[-1])
+    assert config.num_hidden_layers == 4 and tokens.shape == (16, 32)  # as the script's
     ref = train(config, single_device_mesh(), tokens, precision="bf16", remat="full")[1]
     np.testing.assert_allclose(losses, ref, rtol=2e-2)
     assert losses[-1] < losses[0]
