@@ -3,9 +3,12 @@
 Every ``pp`` rank holds its stage's layers (the stacked ``layers`` axis is split over
 ``pp``). The runner scans over ticks; at each tick every stage runs its local layers
 (one chunk of them for ``virtual``) on one microbatch and hands the result to the
-next stage with ``lax.ppermute``. Stage 0 reads fresh microbatches (and, for
-``virtual``, the microbatches coming round from the last stage); the last stage's
-outputs are the stack's output, broadcast to every stage by a masked ``psum``.
+next stage with ``lax.ppermute``. Stage 0 reads fresh microbatches and, for
+``virtual``, the microbatches coming round from the last stage: ``p`` at a time when
+``p`` divides ``m``, so each is due the tick it arrives; otherwise stage 0 delays them
+``m - p`` ticks in a shift register. The last stage's outputs are the stack's output,
+broadcast to every stage by a masked ``psum``. A ``virtual`` chunk's weights are
+taken again in the backward (:mod:`jaxsmp.pipeline.chunk`), not kept once per tick.
 Autodiff of the tick scan runs the backward in mirror order through the transposed
 ppermutes: the ``simple`` (GPipe) and ``virtual`` (circular GPipe) schedules of
 :mod:`jaxsmp.pipeline.schedule`. Off-schedule ticks compute on placeholder data
@@ -24,9 +27,12 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from jaxsmp.pipeline.chunk import run_chunk
 from jaxsmp.pipeline.microbatch import pick, split_args, split_microbatches
+from jaxsmp.pipeline.schedule import item, virtual_group
 from jaxsmp.pipeline.stages import from_stage
 from jaxsmp.pipeline.vma import vary, varying
 
@@ -50,11 +56,20 @@ class StageRunner:
     def ticks(self) -> int:
         return self.microbatches * self.chunks + self.stages - 1
 
-    def _chunk(self, params: Any, chunk: jax.Array) -> Any:
-        if self.chunks == 1:
-            return params
-        n = jax.tree.leaves(params)[0].shape[0] // self.chunks
-        return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, chunk * n, n, 0), params)
+    @property
+    def group(self) -> int:
+        return virtual_group(self.stages, self.microbatches, self.chunks)
+
+    def item(self, k):
+        """(chunk, microbatch) of the ``k``-th item every stage runs."""
+        return item(k, self.group, self.chunks)
+
+    def _last_chunk_ticks(self) -> np.ndarray:
+        """The ticks at which the last stage finishes each microbatch, in order."""
+        k = np.arange(self.microbatches * self.chunks)
+        chunk, microbatch = self.item(k)
+        return (k[chunk == self.chunks - 1][np.argsort(microbatch[chunk == self.chunks - 1])]
+                + self.stages - 1)
 
     def _active(self, stage: jax.Array, chunk: jax.Array) -> tuple:
         """``run``'s ``active`` argument: none when every slot runs."""
@@ -63,16 +78,16 @@ class StageRunner:
         return (jnp.asarray(self.active, jnp.int32)[stage, chunk],)
 
     def _fresh(self, xs, t, state, ring):
-        """(stage 0's input at tick ``t``, the updated ring of returning microbatches)."""
-        p, m, v = self.stages, self.microbatches, self.chunks
-        if v > 1 and m == p:  # what comes round from the last stage is due now
-            return jnp.where(t < m, xs[jnp.minimum(t, m - 1)], state), ring
-        if v > 1:  # stage 0 keeps what comes round from the last stage for later
-            slot = jnp.mod(t - p, m)  # in place: one slot, not the whole ring
-            ring = lax.dynamic_update_index_in_dim(
-                ring, jnp.where(t >= p, state, ring[slot]), slot, 0)
-            return jnp.where(t < m, xs[jnp.minimum(t, m - 1)], ring[jnp.mod(t, m)]), ring
-        return xs[jnp.minimum(t, m - 1)], ring
+        """(stage 0's input at tick ``t``, the updated delay line ``ring`` of the
+        microbatches that came back from the last stage before they are due)."""
+        p, size = self.stages, self.group
+        chunk, microbatch = self.item(jnp.minimum(t, self.microbatches * self.chunks - 1))
+        if self.chunks == 1:
+            return xs[microbatch], ring
+        back = state
+        if size > p:  # it came round ``size - p`` ticks early: a shift register
+            back, ring = ring[0], jnp.concatenate([ring[1:], state[None]])
+        return jnp.where(chunk == 0, xs[microbatch], back), ring
 
     def __call__(self, run: RunLayers, x: jax.Array, params: Any,
                  args: Sequence[Any]) -> jax.Array:
@@ -87,19 +102,26 @@ class StageRunner:
         xs = vary(split_microbatches(x.astype(jnp.float32), m), axes).astype(x.dtype)
         margs, per_example = split_args(args, b, m)
         perm = [(i, (i + 1) % p) for i in range(p if v > 1 else p - 1)]
+        size = jax.tree.leaves(params)[0].shape[0] // v
 
         def tick(carry, t):
             state, ring = carry
             fresh, ring = self._fresh(xs, t, state, ring)
-            item = jnp.clip(t - stage, 0, m * v - 1)
+            chunk, microbatch = self.item(jnp.clip(t - stage, 0, m * v - 1))
             inp = jnp.where(stage == 0, fresh, state)
-            out = vary(run(inp, self._chunk(params, item // m),
-                           pick(margs, per_example, jnp.mod(item, m)),
-                           *self._active(stage, item // m)), axes)
+            margs_t = pick(margs, per_example, microbatch)
+            active = self._active(stage, chunk)
+            out = (run(inp, params, margs_t, *active) if v == 1 else
+                   run_chunk(run, params, chunk, size, inp, margs_t, active))
+            out = vary(out, axes)
             return (lax.ppermute(out, self.axis, perm), ring), out
 
         zeros = vary(jnp.zeros_like(xs[0]), axes)
-        ring = vary(jnp.zeros_like(xs), axes) if v > 1 and m > p else jnp.zeros((0,), x.dtype)
+        ring = (vary(jnp.zeros_like(xs[:self.group - p]), axes) if self.group > p and v > 1
+                else jnp.zeros((0,), x.dtype))
         _, outs = lax.scan(tick, (zeros, ring), jnp.arange(self.ticks))
-        last = from_stage(outs[(v - 1) * m + p - 1:], stage, p - 1, self.axis)
+        ticks = self._last_chunk_ticks()
+        contiguous = np.array_equal(ticks, np.arange(ticks[0], ticks[0] + m))
+        last = from_stage(outs[ticks[0]:] if contiguous else outs[ticks], stage, p - 1,
+                          self.axis)
         return last.reshape(x.shape)

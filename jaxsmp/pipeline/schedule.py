@@ -9,7 +9,8 @@ chunk of a stage's layers; every op takes one tick. Stage ``s`` holds the chunks
 * ``interleaved`` (1F1B): after ``p-s-1`` warm-up forwards, stage ``s`` alternates
   one forward with one backward. Same bubble, at most ``p-s`` live activations.
 * ``virtual``: ``v`` chunks per stage, microbatches go round the stages ``v`` times
-  (circular GPipe). Bubble ``(p-1)/(v*m)``; needs ``m >= p``.
+  (circular GPipe), ``p`` at a time when ``p`` divides ``m`` (:func:`virtual_group`).
+  Bubble ``(p-1)/(v*m)``; needs ``m >= p``.
 
 Tables are built by a greedy list scheduler from each stage's op order and checked
 by :mod:`jaxsmp.pipeline.simulator`.
@@ -116,8 +117,24 @@ def _greedy(orders: list[list[Op]], stages: int, chunks: int) -> list[list[Op | 
     return table
 
 
+def virtual_group(stages: int, microbatches: int, chunks: int) -> int:
+    """Microbatches that go round the stages together: ``p`` when it divides ``m`` and
+    there are chunks (Megatron's order: what comes back from the last stage is due at
+    once), else all ``m`` (what comes back early waits at stage 0)."""
+    return stages if chunks > 1 and microbatches % stages == 0 else microbatches
+
+
+def item(k, group: int, chunks: int):
+    """(chunk, microbatch) of a stage's ``k``-th forward: the group's microbatches
+    through chunk 0, then through chunk 1, ..., then the next group's (ints or arrays)."""
+    g, r = k // (group * chunks), k % (group * chunks)
+    return r // group, g * group + r % group
+
+
 def _gpipe_orders(stages: int, microbatches: int, chunks: int) -> list[list[Op]]:
-    items = [Op("F", k % microbatches, k // microbatches) for k in range(microbatches * chunks)]
+    group = virtual_group(stages, microbatches, chunks)
+    items = [Op("F", j, c) for c, j in (item(k, group, chunks)
+                                        for k in range(microbatches * chunks))]
     backward = [Op("B", op.microbatch, op.chunk) for op in reversed(items)]
     return [items + backward for _ in range(stages)]
 

@@ -46,9 +46,10 @@ def reference():
     (dict(sdp=8), {}), (dict(sdp=4, tp=2), {}), (dict(pp=2, sdp=4), {}),
     (dict(pp=2, sdp=4), dict(pipeline="interleaved")),
     (dict(pp=2, sdp=2, tp=2), dict(pipeline="interleaved")),
-    (dict(pp=2, sdp=4), dict(pipeline="interleaved", pipeline_head="spread"))],
+    (dict(pp=2, sdp=4), dict(pipeline="interleaved", pipeline_head="spread")),
+    (dict(pp=2, sdp=4), dict(pipeline="virtual"))],
     ids=["sdp8", "sdp4-tp2", "pp2-sdp4", "pp2-sdp4-1f1b", "pp2-sdp2-tp2-1f1b",
-         "pp2-sdp4-1f1b-spread-head"])
+         "pp2-sdp4-1f1b-spread-head", "pp2-sdp4-virtual"])
 def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options, reference):
     got = _histories(degrees, 2, **options)
     # qkv, dense, mlp in and out (4 layers each), the vocabulary projection
