@@ -11,7 +11,12 @@
    measured idle fraction is ``1 - t_useful / t_pipelined``; the formula is
    ``(p-1) / (m*v + p-1)``. Stages run in lock-step (SPMD), so it is one number
    for every stage. Measured for the autodiff runners (simple, virtual); 1F1B has
-   the same formula and its table's idle ticks are checked by the simulator.
+   the same formula and its table's idle ticks are checked by the simulator. "Idle
+   without transfers" times the pipelined program with every ``ppermute`` the
+   identity: the same compute and loop, no transfers (wrong values), so the gap
+   between the two idle columns is what the transfers cost. The pipelined program's
+   temporaries come from its memory_analysis (m=6 on p=4 is
+   the virtual runner with stage 0's ring: p does not divide m).
 
 3. Balance: GPT-NeoX with a realistic vocabulary (8 layers, d 512, vocab 50,304) at
    pp=4, 1F1B, ``pipeline_partition="equal"`` vs ``"auto"``. Measured on one device:
@@ -93,22 +98,24 @@ def _mlp_run(h, w, _args):
     return jax.lax.scan(layer, h, w)[0]
 
 
-def _timed_pair(f, g, *args, repeats: int) -> tuple[float, float]:
-    """Best times of ``f`` and ``g``, run alternately so that load from other
-    processes on the shared cores hits both alike."""
-    jax.block_until_ready((f(*args), g(*args)))
-    best = [float("inf"), float("inf")]
+def _timed(fns, *args, repeats: int) -> list[float]:
+    """Best times of ``fns``, run in turn so that load from other processes on the
+    shared cores hits them alike."""
+    jax.block_until_ready([fn(*args) for fn in fns])
+    best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        for i, fn in enumerate((f, g)):
+        for i, fn in enumerate(fns):
             start = time.perf_counter()
             jax.block_until_ready(fn(*args))
             best[i] = min(best[i], time.perf_counter() - start)
-    return best[0], best[1]
+    return best
 
 
 def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 512, rows: int = 256,
                repeats: int = 15) -> dict:
-    """Measured idle fraction of the pipelined stack vs the same work without bubble."""
+    """Measured idle fraction of the pipelined stack vs the same work without bubble,
+    and of the same pipelined program with every ``ppermute`` the identity (the
+    runner's compute and loop, no transfers; its values are wrong)."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:p]), ("pp",))
     pipeline = StageRunner(p, m, v)
     w = jax.random.normal(jax.random.key(0), (layers, d, d)) / np.sqrt(d)
@@ -130,13 +137,22 @@ def bubble_row(p: int, v: int, m: int, layers: int = 8, d: int = 512, rows: int 
 
     def compiled_grad(f):
         return jax.jit(jax.shard_map(jax.grad(f, argnums=(0, 1)), mesh=mesh,
-                                     in_specs=(P("pp"), P()), out_specs=(P("pp"), P())))
+                                     in_specs=(P("pp"), P()), out_specs=(P("pp"), P()))
+                       ).lower(w, x).compile()
 
-    t_pipe, t_useful = _timed_pair(compiled_grad(pipelined), compiled_grad(useful), w, x,
-                                   repeats=repeats)
+    pipe = compiled_grad(pipelined)
+    ppermute, jax.lax.ppermute = jax.lax.ppermute, lambda x, axis_name, perm: x
+    try:
+        local = compiled_grad(pipelined)
+    finally:
+        jax.lax.ppermute = ppermute
+    t_pipe, t_useful, t_local = _timed([pipe, compiled_grad(useful), local], w, x,
+                                       repeats=repeats)
     return dict(p=p, v=v, m=m, ticks=pipeline.ticks, t_pipe_ms=t_pipe * 1e3,
                 t_useful_ms=t_useful * 1e3, measured=1 - t_useful / t_pipe,
-                formula=(p - 1) / (m * v + p - 1))
+                without_transfers=1 - t_useful / t_local,
+                formula=(p - 1) / (m * v + p - 1),
+                temp_mib=pipe.memory_analysis().temp_size_in_bytes / 2**20)
 
 
 def main() -> None:
@@ -189,14 +205,15 @@ def bubble_table() -> None:
     print("\nBubble: pipelined stack fwd+bwd vs the same work without bubble "
           "(8 MLP layers, d=512, 256 rows per microbatch, best of 15, alternating)\n")
     print("| p | v | m | ticks | pipelined ms | no-bubble ms | measured idle | "
-          "formula (p-1)/(mv+p-1) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "idle without transfers | formula (p-1)/(mv+p-1) | pipelined temp MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for p, v, m in [(2, 1, 4), (2, 1, 8), (4, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 4),
-                    (4, 2, 8)]:
+                    (4, 2, 8), (4, 2, 6)]:
         r = bubble_row(p, v, m)
         print(f"| {p} | {v} | {m} | {r['ticks']} | {r['t_pipe_ms']:.1f} | "
-              f"{r['t_useful_ms']:.1f} | {r['measured']:.3f} | {r['formula']:.3f} |",
-              flush=True)
+              f"{r['t_useful_ms']:.1f} | {r['measured']:.3f} | "
+              f"{r['without_transfers']:.3f} | {r['formula']:.3f} | "
+              f"{r['temp_mib']:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
