@@ -121,22 +121,26 @@ class StageLayout:
         return take_stacked(params, params, self.slot_layers(), layers_axis="pp")
 
     def from_stages(self, grads: Any, params: Any) -> Any:
-        """Stage-layout gradients back in the stored layout (padding slots dropped)."""
-        return grads if self.identity() else take_stacked(grads, params, self.positions())
+        """Stage-layout gradients back in the stored layout (padding slots dropped), with
+        the stored parameters' metadata: the update adds them to ``params``."""
+        if self.identity():
+            return grads
+        return take_stacked(grads, params, self.positions(), layers_axis=None)
 
 
-def take_stacked(tree: Any, params: Any, index: np.ndarray, layers_axis: Any = None) -> Any:
+def take_stacked(tree: Any, params: Any, index: np.ndarray, layers_axis: str | None) -> Any:
     """``tree`` (parameters or gradients shaped like ``params``' stage or stored layout)
-    with every stacked leaf's layer axis gathered at ``index``; Variables of the result
-    get ``layers_axis`` as their layer axis's mesh axis if given."""
+    with every stacked leaf's layer axis gathered at ``index``. Variables of the result
+    get ``layers_axis`` as their layer axis's mesh axis, or with None ``params``' own
+    mesh axes (a stored layer count ``pp`` does not divide is not split over ``pp``)."""
     def take(var, leaf: Any) -> Any:
         if not is_stacked(var):
             return leaf
         if not is_var(leaf):
             return jnp.take(leaf, index, axis=0)
         value = jnp.take(leaf[...], index, axis=0)
-        axes = leaf.get_metadata().get("mesh_axes")
-        if layers_axis is None or axes is None:
-            return leaf.replace(value)
-        return leaf.replace(value, mesh_axes=(layers_axis, *axes[1:]))
+        axes = (var if layers_axis is None else leaf).get_metadata().get("mesh_axes")
+        if layers_axis is not None and axes is not None:
+            axes = (layers_axis, *axes[1:])
+        return leaf.replace(value, mesh_axes=axes) if axes is not None else leaf.replace(value)
     return jax.tree.map(take, params, tree, is_leaf=is_var)
