@@ -45,6 +45,27 @@ def gradients(config, mesh: jaxsmp.Mesh, tokens: np.ndarray,
     return [np.asarray(g) for g in jax.tree.leaves(grads)], jax.tree.map(float, metrics)
 
 
+def require_gpu_compiler() -> None:
+    """The deviceless XLA:GPU compile needs ``jax-cuda12-plugin`` of jaxlib's own
+    version (the test extra installs it). Without it a GPU-compile test skips, saying
+    why; under CI (``CI`` set, as ``.ci/run`` runs) it fails instead, so that CI never
+    passes with the GPU compiles skipped."""
+    import importlib.metadata as metadata
+    import os
+    import jaxlib
+    try:
+        plugin = metadata.version("jax-cuda12-plugin")
+    except metadata.PackageNotFoundError:
+        plugin = None
+    if plugin == jaxlib.__version__:
+        return
+    reason = (f"the deviceless GPU compile needs jax-cuda12-plugin=={jaxlib.__version__} "
+              f"(jaxlib's version), found {plugin or 'none'}; pip install -e '.[test]'")
+    if os.environ.get("CI"):
+        pytest.fail(f"GPU-compile test not run under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 GRAD_RTOL = 1e-5  # float32: observed <= 1.1e-6 of each parameter's largest gradient
 
 
@@ -57,6 +78,24 @@ def assert_gradients_match(got, want, rtol: float = GRAD_RTOL) -> None:
         np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max(),
                                    err_msg=f"gradient of parameter {i} {w.shape}")
     np.testing.assert_allclose(got_metrics["grad_norm"], want_metrics["grad_norm"], rtol=rtol)
+
+
+SGD_LR = 1000.0  # (before - after) / lr: at lr=1 float32 rounding of the update hides 1e-4
+
+
+def sgd_update(config, mesh: jaxsmp.Mesh, tokens: np.ndarray,
+               loss=jaxsmp.losses.causal_lm_loss, **step_options):
+    """(every trainable parameter's ``(before - after) / SGD_LR`` after one full step,
+    update applied, run as users run it: ``state, metrics = step(state, batch)``;
+    metrics). With plain SGD this is the step's gradient, as the optimizer saw it."""
+    from jaxsmp.train.fp8_state import trainable
+    state = jaxsmp.init(config.build, optax.sgd(SGD_LR), mesh, seed=0)
+    before = [np.asarray(x) for x in jax.tree.leaves(trainable(state.params))]
+    state, metrics = jaxsmp.step(loss, **step_options)(state, {"tokens": tokens})  # donated
+    after = [np.asarray(x) for x in jax.tree.leaves(trainable(state.params))]
+    assert int(state.step) == 1
+    return ([(b - a) / SGD_LR for b, a in zip(before, after)],
+            jax.tree.map(float, metrics))
 
 
 def leaves(state) -> list[np.ndarray]:

@@ -1,26 +1,66 @@
 """fp8 amax histories as training state: the same on every shard and equal to the global
 maximum on sharded meshes with microbatches and pipelines (1F1B included); kept out of
 the optimizer; refused on GPUs without FP8, before compiling."""
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from conftest import require_gpu_compiler
 import jaxsmp
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.nn.param import variables_by_path
 from jaxsmp.train.fp8_state import is_meta
 
 BATCH = {"tokens": np.random.RandomState(0).randint(0, 256, (16, 32)).astype(np.int32)}
+LOUD = 8  # tokens [0, LOUD): embedding rows with one large component (_loud_embeddings)
 
 
-def _histories(degrees: dict, microbatches: int, devices=None, **options) -> dict:
+def weighted_loss(model, batch: dict) -> jax.Array:
+    """Next-token cross-entropy, each sequence's mean weighted by ``batch["weight"]``."""
+    tokens = batch["tokens"]
+    logp = jax.nn.log_softmax(model(tokens)[:, :-1].astype(jnp.float32))
+    nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return (nll.mean(-1) * batch["weight"]).mean()
+
+
+def loud_first_batch(data_size: int, microbatches: int = 2) -> dict:
+    """16 sequences whose first microbatch on every replica is loud (tokens below LOUD,
+    weight 1) and the others quiet (the other tokens, weight 0.1): every Linear's input
+    and output gradient amax comes from the first microbatch, far above the last's."""
+    rows = 16 // data_size  # contiguous rows per replica, split contiguously
+    loud = np.arange(16) % rows < rows // microbatches
+    rng = np.random.RandomState(0)
+    tokens = np.where(loud[:, None], rng.randint(0, LOUD, (16, 32)),
+                      rng.randint(LOUD, 256, (16, 32))).astype(np.int32)
+    return {"tokens": tokens, "weight": np.where(loud, 1.0, 0.1).astype(np.float32)}
+
+
+def _loud_embeddings(state):
+    """The LOUD tokens' embedding rows: component t of row t is 1 (the others ~0.02),
+    so the layer norms give their positions a peak of about sqrt(hidden)."""
+    for path, var in variables_by_path(state.params).items():
+        if path[0] == "embed_in":
+            table = np.asarray(var[...])
+            table[np.arange(LOUD), np.arange(LOUD)] = 1.0
+            var[...] = jax.device_put(table, var[...].sharding)
+    return state
+
+
+def _histories(degrees: dict, microbatches: int, devices=None, data_size: int | None = None,
+               **options) -> dict:
+    """The histories after one step on ``loud_first_batch`` (laid out for ``data_size``
+    replicas: default the mesh's)."""
     mesh = jaxsmp.Mesh(**degrees, devices=devices)
     state = jaxsmp.init(jaxsmp.models.preset("gpt_neox", "tiny").build, optax.adamw(1e-3),
                         mesh)
-    step = jaxsmp.step(causal_lm_loss, precision="fp8", microbatches=microbatches,
+    step = jaxsmp.step(weighted_loss, precision="fp8", microbatches=microbatches,
                        fp8_vocab=True, **options)
-    state, _ = step(state, BATCH)
+    batch = loud_first_batch(data_size or mesh.data_size, microbatches)
+    state, _ = step(_loud_embeddings(state), batch)
     out = {}
     for path, var in variables_by_path(state.params).items():
         if is_meta(var):
@@ -36,10 +76,11 @@ def _histories(degrees: dict, microbatches: int, devices=None, **options) -> dic
 
 @pytest.fixture(scope="module")
 def reference():
-    """One device, one microbatch: each observation is the global maximum. The
-    vocabulary projection runs in fp8 too (``fp8_vocab``): on pipelines every stage
-    runs the head."""
-    return _histories({}, 1, devices=jax.devices()[:1])
+    """One device, one microbatch, the batch laid out for ``data_size`` replicas: each
+    observation is the global maximum. The vocabulary projection runs in fp8 too
+    (``fp8_vocab``): on pipelines every stage runs the head."""
+    return functools.cache(lambda data_size: _histories({}, 1, devices=jax.devices()[:1],
+                                                        data_size=data_size))
 
 
 @pytest.mark.parametrize("degrees, options", [
@@ -52,8 +93,9 @@ def reference():
          "pp2-sdp4-1f1b-spread-head", "pp2-sdp4-virtual"])
 def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options, reference):
     got = _histories(degrees, 2, **options)
+    want = reference(jaxsmp.Mesh(**degrees).data_size)
     # qkv, dense, mlp in and out (4 layers each), the vocabulary projection
-    assert got.keys() == reference.keys() and len(got) == 5
+    assert got.keys() == want.keys() and len(got) == 5
     for path, history in got.items():
         assert history.shape == ((3, 1024) if path[0] == "embed_out" else (4, 3, 1024))
         assert not np.any(history[..., 1:])  # one step: one observation
@@ -63,7 +105,7 @@ def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options
         # backward) on sdp4-tp2, varying run to run; the sums the check guards against are
         # off 2x (microbatches) to 7x (replicas)
         for column, rtol in enumerate((5e-2, 1e-6, 0.2)):
-            np.testing.assert_allclose(history[..., column, 0], reference[path][..., column, 0],
+            np.testing.assert_allclose(history[..., column, 0], want[path][..., column, 0],
                                        rtol=rtol, err_msg=f"{path} column {column}")
 
 
@@ -94,7 +136,7 @@ def test_the_optimizer_never_sees_the_histories():
 
 
 def test_gpus_without_fp8_are_refused_before_compiling():
-    pytest.importorskip("jax_cuda12_plugin")
+    require_gpu_compiler()
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.plan import gpu_target
     config = jaxsmp.models.preset("gpt_neox", "tiny")

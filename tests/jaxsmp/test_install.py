@@ -2,6 +2,7 @@
 jax's version, and the supported jax/flax/optax range, stated once and in step with the
 README."""
 import re
+import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -38,11 +39,38 @@ def test_cuda_is_the_cuda13_extra():
     assert EXTRAS["cuda"] == ["jaxsmp[cuda13]"]
 
 
-def test_the_test_extra_pins_the_cuda12_plugin_of_the_installed_jax():
-    pins = [Requirement(r) for r in EXTRAS["test"] if r.startswith("jax-cuda12-plugin")]
-    assert len(pins) == 1
-    if pins[0].marker.evaluate():
-        assert str(pins[0].specifier) == f"=={JAX}"
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
+def test_the_test_extra_pins_the_cuda12_plugin_of_jaxlibs_version_on_every_python(python):
+    env = {"python_version": python, "extra": "test"}
+    pins = {}
+    for r in map(Requirement, EXTRAS["test"]):
+        if r.name in ("jax", "jaxlib", "jax-cuda12-plugin") and (
+                r.marker is None or r.marker.evaluate(env)):
+            assert r.name not in pins, f"two pins of {r.name} on Python {python}"
+            pins[r.name] = str(r.specifier)
+    assert "jax-cuda12-plugin" in pins, f"no CUDA plugin on Python {python}"
+    if python >= "3.12":  # several jax releases install there: all three pinned together
+        assert pins["jax"] == pins["jaxlib"] == pins["jax-cuda12-plugin"]
+    else:  # JAX 0.10.2 is the newest release for Python 3.11
+        assert pins == {"jax-cuda12-plugin": "==0.10.2"}
+    if python == f"{sys.version_info.major}.{sys.version_info.minor}":
+        assert pins["jax-cuda12-plugin"] == f"=={JAX}"
+
+
+def test_gpu_compile_tests_fail_under_ci_instead_of_skipping(monkeypatch):
+    from conftest import require_gpu_compiler
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "version", missing)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"needs jax-cuda12-plugin==.*found none"):
+        require_gpu_compiler()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="GPU-compile test not run under CI"):
+        require_gpu_compiler()
+
+
 def supported() -> dict[str, SpecifierSet]:
     """The dependencies' bounds of jax, flax and optax."""
     found = {Requirement(r).name: Requirement(r).specifier for r in PROJECT["dependencies"]}

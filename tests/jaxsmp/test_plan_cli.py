@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import require_gpu_compiler
 import jaxsmp
 from jaxsmp.hf import to_hf_config
 from jaxsmp.plan.__main__ import main
@@ -51,7 +52,7 @@ def test_preflight_compiles_the_best_plan_on_simulated_devices(capsys):
 
 
 def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
-    pytest.importorskip("jax_cuda12_plugin")
+    require_gpu_compiler()
     assert main(["--model", "gpt_neox:tiny", "--node", "p5.48xlarge", "--nodes", "2",
                  "--seq-len", "128", "--global-batch", "32", "--top", "1", "--preflight"]) == 0
     out = capsys.readouterr().out

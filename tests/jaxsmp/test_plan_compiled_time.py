@@ -2,7 +2,9 @@
 the search uses, on a shape the calibration did not compile."""
 import pytest
 
-pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+from conftest import require_gpu_compiler
+
+require_gpu_compiler()
 
 import jaxsmp  # noqa: E402
 from jaxsmp.plan import Candidate, Workload, cluster, estimate_time  # noqa: E402

@@ -2,6 +2,7 @@
 memory, refused on GPUs without FP8 tensor cores, compiled to FP8 GEMMs by the pre-flight."""
 import pytest
 
+from conftest import require_gpu_compiler
 import jaxsmp
 from jaxsmp.plan import Candidate, cluster, plan
 from jaxsmp.plan.hardware import GPUS
@@ -109,7 +110,7 @@ def test_an_fp8_gemm_of_the_compiled_program_runs_at_the_fp8_rate():
 
 @pytest.mark.slow
 def test_the_gpu_preflight_compiles_fp8_to_fp8_gemms_and_counts_them():
-    pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+    require_gpu_compiler()
     from jaxsmp.plan import gpu_preflight
     config = LLAMA.replace(num_hidden_layers=3, attention_impl="cudnn")
     result = gpu_preflight(config, Candidate(1, 8, 1, 1, 1, 1, "none", "fp8"), 256,

@@ -2,7 +2,9 @@
 size, its memory beside the model's and the GPU's capacity."""
 import pytest
 
-pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+from conftest import require_gpu_compiler
+
+require_gpu_compiler()
 
 from jaxsmp.plan import Candidate, cluster, gpu_preflight  # noqa: E402
 from jaxsmp.plan.memory import FRAMEWORK_BYTES  # noqa: E402
