@@ -1,0 +1,66 @@
+"""Section 5: the planner's single-GPU step time (``jaxsmp.plan.evaluate`` of
+``Candidate(1, 1, 1, 1, batch, 1, remat, precision)`` on one GPU of the measured kind,
+jaxsmp's target semantics) against each jaxsmp row measured above. Runs on the CPU
+(``JAX_PLATFORMS=cpu``): the planner needs no device."""
+from __future__ import annotations
+
+TITLE = "5. Planner against measurement"
+ISOLATE = False
+ENV = {"JAX_PLATFORMS": "cpu"}
+COLUMNS = [("source", "row", ""), ("model", "model", ""), ("seq", "seq", ""),
+           ("batch", "batch", ""), ("remat", "remat", ""), ("precision", "precision", ""),
+           ("gpu", "planned GPU", ""), ("predicted_s", "predicted s", ".4g"),
+           ("measured_s", "measured s", ".4g"), ("ratio", "predicted / measured", ".2f"),
+           ("predicted_gib", "predicted GiB", ".2f"), ("measured_gib", "peak GiB", ".2f")]
+NOTES = """The planner's constants were fitted to published multi-GPU runs, not to jaxsmp
+(`jaxsmp/plan/__init__.py`); a row here is a first calibration point. Its memory is the
+model's per-device peak against `peak_bytes_in_use`."""
+
+SECTIONS = ("training", "fp8", "remat")
+
+
+def planner_gpu(kind: str) -> tuple[str | None, str]:
+    """The planner's GPU for a device kind, and a note."""
+    for name, gpu in (("H200", "H200"), ("H100", "H100-SXM")):
+        if name in kind:
+            return gpu, "" if "PCIe" not in kind else "planned as SXM (no PCIe entry)"
+    if "A100" in kind:
+        return ("A100-80GB" if "80GB" in kind else "A100-40GB"), ""
+    return None, f"no planner GPU for {kind!r}"
+
+
+def rows(ctx: dict, results: dict) -> list[dict]:
+    out = []
+    for section in SECTIONS:
+        for row in results.get(section, {}).get("rows", []):
+            if row.get("contender") != "jaxsmp" or row["status"] != "ok":
+                continue
+            out.append({k: row[k] for k in ("family", "preset", "config", "model", "seq",
+                                            "batch") if k in row}
+                       | {"remat": row.get("remat", "none"),
+                          "precision": row.get("precision", "bf16"), "source": section,
+                          "measured_s": row["step_s"], "measured_gib": row.get("peak_gib"),
+                          "label": f"{section}: {row['label']}"})
+    return out
+
+
+def run(row: dict, ctx: dict, deadline: float) -> dict:
+    import jaxsmp
+    from bench.gpucheck.common import Skip
+    from jaxsmp.plan import Candidate, Cluster, Workload, evaluate, generic_node
+    env = ctx["env"]
+    if ctx["smoke"]:
+        gpu, note = "H100-SXM", "not comparable: measured on CPU (--smoke)"
+    else:
+        gpu, note = planner_gpu(env.get("device_kind", ""))
+        if gpu is None:
+            raise Skip(note)
+    config = jaxsmp.models.preset(row["family"], row["preset"], **row["config"])
+    candidate = Candidate(1, 1, 1, 1, row["batch"], 1, row["remat"], row["precision"])
+    plan = evaluate(Workload(config, row["seq"]), candidate,
+                    Cluster(generic_node(gpu, gpus=1), 1))
+    out = {"gpu": gpu, "predicted_s": plan.throughput.step_seconds,
+           "predicted_gib": plan.memory.total / 2**30, "note": note}
+    if not ctx["smoke"]:
+        out["ratio"] = out["predicted_s"] / row["measured_s"]
+    return out
