@@ -1,14 +1,11 @@
 """FP8 on 8 H100s, compiled deviceless on this host: cuBLASLt FP8 GEMMs per layer and
 the step's temporaries against bf16 (issue 25, items 3 and 5).
 
-Two settings the compile needs, both about compiling without a GPU:
-
-* the target config gets a CUDA runtime version (``runtime_version``): without one
-  XLA takes the toolkit to be 0.0.0, and its GEMM rewriter only emits FP8 cuBLASLt
-  calls from CUDA 12 on (the shipped H100 config has none);
-* Triton GEMMs are off (``xla_gpu_enable_triton_gemm=False``): with them XLA fuses
-  the float8 -> bf16 converts into a Triton bf16 GEMM; on a GPU its autotuner would
-  time both, deviceless it takes Triton's without timing.
+Each step compiles as calling it compiles it: fp8 with its precision's XLA options
+(``jaxsmp.train.precision.FP8_COMPILER_OPTIONS``: no Triton GEMMs), bf16 with XLA's
+defaults. The target config gets a CUDA runtime version (``runtime_version``): without
+one XLA takes the toolkit to be 0.0.0, and its GEMM rewriter only emits FP8 cuBLASLt
+calls from CUDA 12 on (the shipped H100 config has none).
 
     python bench/fp8_compile.py [--layers 2] [--seq 2048] [--mesh sdp=8 ...]
 """
@@ -39,15 +36,13 @@ MiB = 2 ** 20
 
 def compile_step(config, degrees: dict, precision: str, *, gpu: str = "H100-SXM",
                  batch: int = 8, seq: int = 256, **options):
-    """The train step of ``config`` compiled for ``gpu`` x 8 on mesh ``degrees``, with
-    fp8's compiler options for either precision (same program shape for both)."""
+    """The train step of ``config`` compiled for ``gpu`` x 8 on mesh ``degrees``, as
+    calling it compiles it."""
     mesh = jaxsmp.Mesh(**degrees, devices=gpu_target.topology(gpu))
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)
     tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
     step = jaxsmp.step(causal_lm_loss, precision=precision, **options)
-    with gpu_target.compiling_for(gpu), jax.set_mesh(mesh.jax_mesh):
-        return step.lower(state, tokens).compile(
-            compiler_options=dict(gpu_target.FP8_COMPILER_OPTIONS))
+    return gpu_target.compile_step(step, state, tokens, mesh)
 
 
 def count_fp8_gemms(compiled) -> int:

@@ -128,7 +128,7 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
         compiled = step.lower(state, batch).compile()
     else:
         from jaxsmp.plan import gpu_target
-        compiled = gpu_target.compile_step(step, state, batch, mesh, c.precision)
+        compiled = gpu_target.compile_step(step, state, batch, mesh)
     return compiled
 
 

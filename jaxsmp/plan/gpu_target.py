@@ -33,10 +33,8 @@ from jaxsmp.checks import positive_int
 # without one XLA takes it to be 0.0.0, and its GEMM rewriter emits FP8 cuBLASLt GEMMs
 # only from CUDA 12 on.
 CUDA_RUNTIME = "runtime_version { major: 12 minor: 8 }"
-# precision="fp8" compiles without Triton GEMMs: with them XLA fuses the float8 -> bf16
-# converts into a Triton bf16 GEMM (on a GPU its autotuner would time both; deviceless it
-# takes Triton's untimed), without them into cuBLASLt FP8 GEMMs, FP8_GEMM.
-FP8_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+# precision="fp8" steps compile with jaxsmp.train.precision.FP8_COMPILER_OPTIONS, which
+# make their float8 matmuls these cuBLASLt calls
 FP8_GEMM = "__cublas$lt$matmul$f8"
 TARGETS = {"A100-40GB": "a100_sxm_40", "A100-80GB": "a100_sxm_80", "H100-SXM": "h100_sxm",
            "H200": "h200"}  # keys: jaxsmp.plan.hardware.GPUS
@@ -105,12 +103,6 @@ def _description(gpu: str) -> str:
     return re.search(r'device_description_str:\s*"([^"]+)"', target_config(gpu)).group(1)
 
 
-def compiler_options(precision: str) -> dict | None:
-    """XLA options the step of ``precision`` compiles with (:data:`FP8_COMPILER_OPTIONS`
-    for ``"fp8"``)."""
-    return dict(FP8_COMPILER_OPTIONS) if precision == "fp8" else None
-
-
 def count_fp8_gemms(hlo_text: str) -> int:
     """cuBLASLt FP8 GEMM calls in a compiled program's text."""
     return len(re.findall(r'custom_call_target="' + re.escape(FP8_GEMM) + '"', hlo_text))
@@ -125,9 +117,9 @@ def gemms_per_computation(hlo_text: str) -> list[collections.Counter]:
     return [c for c in found if c]
 
 
-def compile_step(step: Any, state: Any, batch: Any, mesh: Any, precision: str = "bf16"):
+def compile_step(step: Any, state: Any, batch: Any, mesh: Any):
     """``step`` (a ``jaxsmp.step``) compiled by XLA:GPU for ``mesh`` (a ``jaxsmp.Mesh``
-    of :func:`topology` devices) from abstract ``state`` and ``batch``, with the
-    options of ``precision`` (:func:`compiler_options`)."""
+    of :func:`topology` devices) from abstract ``state`` and ``batch``, as calling it
+    compiles it (with its precision's XLA options)."""
     with compiling_for(gpu_of(mesh)), jax.set_mesh(mesh.jax_mesh):
-        return step.lower(state, batch).compile(compiler_options=compiler_options(precision))
+        return step.lower(state, batch).compile()

@@ -17,6 +17,19 @@ class Precision:
     loss_scaling: bool
     fp8: bool = False
 
+    @property
+    def compiler_options(self) -> dict | None:
+        """The XLA options a step of this precision is compiled with (``jax.jit``'s
+        ``compiler_options``): :data:`FP8_COMPILER_OPTIONS` for fp8, else none."""
+        return dict(FP8_COMPILER_OPTIONS) if self.fp8 else None
+
+
+# fp8 compiles without Triton GEMMs: with them XLA:GPU fuses the float8 -> bf16 converts
+# into bf16 Triton GEMMs, without them its GEMM rewriter makes the dequantized dots
+# cuBLASLt FP8 GEMMs. The option is per program, not per dot (docs/fp8.md: what it costs
+# the GEMMs left in bf16); XLA:CPU accepts it and has no Triton GEMMs to turn off.
+FP8_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
 
 PRECISIONS = {
     "fp32": Precision(jnp.float32, False),

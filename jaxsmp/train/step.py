@@ -154,13 +154,14 @@ class TrainStep(_Step):
     def _jitted(self, state: TrainState, gradients_only: bool = False):
         key = (jax.tree.structure(state), gradients_only)
         if key not in self._compiled:
+            xla = precision_policy(self.options.precision).compiler_options
             if gradients_only:
                 shardings = state_shardings(state.params, state.mesh)
-                self._compiled[key] = jax.jit(self._gradient_metrics,
+                self._compiled[key] = jax.jit(self._gradient_metrics, compiler_options=xla,
                                               out_shardings=(shardings, None))
             else:
                 self._compiled[key] = jax.jit(self._step, donate_argnums=0, out_shardings=(
-                    state_shardings(state, state.mesh), None))
+                    state_shardings(state, state.mesh), None), compiler_options=xla)
         return self._compiled[key]
 
     def _gradients(self, state: TrainState, batch: Any):
@@ -240,7 +241,8 @@ class EvalStep(_Step):
 
     def __init__(self, fn: LossFn, options: StepOptions):
         super().__init__(fn, options)
-        self._jit = jax.jit(self._eval)
+        self._jit = jax.jit(self._eval, compiler_options=precision_policy(
+            options.precision).compiler_options)
 
     def _eval(self, state: TrainState, batch: Any) -> dict:
         mesh, forward = state.mesh, self._forward(state)

@@ -1,44 +1,95 @@
-"""The fp8 step compiled by XLA:GPU for 8 H100s (deviceless, bench/fp8_compile.py):
-every layer matmul is a cuBLASLt FP8 GEMM, counted per loop body."""
-import sys
-from pathlib import Path
-
+"""The fp8 step compiled by XLA:GPU for 8 H100s (deviceless) as calling it compiles it:
+``step.lower(state, batch).compile()``, no compiler options from the test. Every layer
+matmul is a cuBLASLt FP8 GEMM, counted per computation as docs/fp8.md states, in the
+step users build and in the trainer's."""
 import pytest
 
 pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
 import jaxsmp  # noqa: E402
-import jaxsmp.plan.gpu_target  # noqa: E402,F401  (before bench/ joins the path: bench/collectives.py)
-
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-from fp8_compile import compile_step  # noqa: E402
+from jaxsmp.checkpoint import abstract_state  # noqa: E402
+from jaxsmp.cli.config import TrainConfig  # noqa: E402
+from jaxsmp.cli.loop import _compiled_steps  # noqa: E402
+from jaxsmp.losses import causal_lm_loss  # noqa: E402
+from jaxsmp.plan import gpu_target  # noqa: E402
 from jaxsmp.plan.gpu_target import FP8_GEMM, gemms_per_computation  # noqa: E402
+from jaxsmp.train.options import StepOptions  # noqa: E402
 
+LINEARS = {"gpt_neox": 4, "llama": 7}
+# remat="full" recomputes a layer's forward in its backward, less the Linears whose
+# recomputed output nothing reads (docs/fp8.md): GPT-NeoX keeps QKV and the MLP's in
+# projection, Llama q, k, v, gate, up and the attention output
+RECOMPUTED = {"gpt_neox": 2, "llama": 6}
+
+
+def compile_h100(step, config, degrees: dict, batch: int = 8, seq: int = 256):
+    """``step`` compiled for 8 H100s from abstract state and batch, as calling it does."""
+    mesh = jaxsmp.Mesh(**degrees, devices=gpu_target.topology("H100-SXM"))
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
+    return gpu_target.compile_step(step, state, tokens, mesh)
+
+
+def fp8_split(compiled) -> list[int]:
+    """FP8 GEMM call sites per computation that calls cuBLAS, fewest first."""
+    return sorted(c[FP8_GEMM] for c in gemms_per_computation(compiled.as_text()))
+
+
+def other_gemms(compiled) -> int:
+    return sum(sum(c.values()) - c[FP8_GEMM] for c in gemms_per_computation(compiled.as_text()))
+
+
+def documented_split(family: str) -> list[int]:
+    """docs/fp8.md's call sites of a 2-layer step with remat="full": the forward layer
+    loop's body, then XLA's unrolled backward (two per Linear and the recomputed forward,
+    per layer)."""
+    linears = LINEARS[family]
+    return [linears, 2 * (2 * linears + RECOMPUTED[family])]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, linears", [("gpt_neox", 4), ("llama", 7)])
+@pytest.mark.parametrize("family", ["gpt_neox", "llama"])
 @pytest.mark.parametrize("mesh", [dict(sdp=8), dict(sdp=4, tp=2)], ids=["sdp8", "sdp4-tp2"])
-def test_every_layer_matmul_is_an_fp8_gemm_on_h100(family, linears, mesh):
-    config = jaxsmp.models.preset(family, "tiny", num_hidden_layers=3, attention_impl="cudnn")
-    compiled = compile_step(config, mesh, "fp8", remat="none")
-    counts = gemms_per_computation(compiled.as_text())
-    f8 = sorted(c[FP8_GEMM] for c in counts)
-    # forward loop: one per Linear; backward loop: two per Linear; outside the loops the
-    # peeled last layer's backward (with tp, XLA peels one more layer): whole layers
-    assert f8[:2] == [linears, 2 * linears] and all(n % linears == 0 for n in f8), counts
+def test_every_layer_matmul_of_the_step_is_an_fp8_gemm_on_h100(family, mesh):
+    config = jaxsmp.models.preset(family, "tiny", num_hidden_layers=2, attention_impl="cudnn")
+    step = jaxsmp.step(causal_lm_loss, precision="fp8", remat="full")
+    compiled = compile_h100(step, config, mesh)
+    assert fp8_split(compiled) == documented_split(family), gemms_per_computation(
+        compiled.as_text())
     # the only others: the vocabulary projection (bf16 by default) forward and backward
-    assert sum(sum(c.values()) - c[FP8_GEMM] for c in counts) == 3, counts
+    assert other_gemms(compiled) == 3
+
+
+@pytest.mark.slow
+def test_the_trainers_fp8_steps_run_fp8_gemms_on_h100():
+    """``python -m jaxsmp.train --precision fp8`` (its steps from ``_compiled_steps``):
+    the train step as the step above, the evaluation one FP8 GEMM per Linear in the
+    forward layer loop."""
+    cfg = TrainConfig(model="llama", step=StepOptions(precision="fp8", remat="full"))
+    train_step, evaluate = _compiled_steps(cfg)
+    config = jaxsmp.models.preset("llama", "tiny", num_hidden_layers=2, attention_impl="cudnn")
+    assert fp8_split(compile_h100(train_step, config, dict(sdp=8))) == documented_split("llama")
+    mesh = jaxsmp.Mesh(sdp=8, devices=gpu_target.topology("H100-SXM"))
+    state = evaluate._with_fp8(abstract_state(config.build, optax.adamw(1e-4), mesh))
+    tokens = evaluate._place(state, {"tokens": jax.ShapeDtypeStruct((8, 256), np.int32)}, 1)
+    with gpu_target.compiling_for("H100-SXM"), jax.set_mesh(mesh.jax_mesh):
+        compiled = evaluate._jit.lower(state, tokens).compile()
+    # the layer loop's body; the entry runs the (bf16) vocabulary projection
+    assert fp8_split(compiled) == [0, LINEARS["llama"]] and other_gemms(compiled) == 1
 
 
 @pytest.mark.slow
 def test_fp8_vocab_makes_the_vocabulary_projection_fp8_too():
     config = jaxsmp.models.preset("llama", "tiny", num_hidden_layers=3, attention_impl="cudnn")
-    compiled = compile_step(config, dict(sdp=8), "fp8", remat="none", fp8_vocab=True)
-    counts = gemms_per_computation(compiled.as_text())
+    step = jaxsmp.step(causal_lm_loss, precision="fp8", remat="none", fp8_vocab=True)
+    compiled = compile_h100(step, config, dict(sdp=8))
     # forward and backward loop bodies; outside them the peeled last layer's backward
     # and the vocabulary projection's three GEMMs, now FP8 as well: no other GEMM left
-    assert sorted(c[FP8_GEMM] for c in counts) == [7, 14, 14 + 3], counts
-    assert all(set(c) == {FP8_GEMM} for c in counts), counts
+    assert fp8_split(compiled) == [7, 14, 14 + 3], gemms_per_computation(compiled.as_text())
+    assert other_gemms(compiled) == 0
 
 
 @pytest.mark.slow
@@ -48,6 +99,7 @@ def test_fp8_temporaries_within_ten_percent_of_bf16_at_llama_7b_width(mesh):
     made next to its GEMM they cost little. Made together (XLA's multi-output fusions
     without fp8_dot's barriers) they were 1.19x (sdp8) and 1.43x (sdp4-tp2)."""
     config = jaxsmp.models.preset("llama", "7b", num_hidden_layers=2, attention_impl="cudnn")
-    temp = {p: compile_step(config, mesh, p, seq=2048, remat="full")
-            .memory_analysis().temp_size_in_bytes for p in ("bf16", "fp8")}
+    temp = {p: compile_h100(jaxsmp.step(causal_lm_loss, precision=p, remat="full"), config,
+                            mesh, seq=2048).memory_analysis().temp_size_in_bytes
+            for p in ("bf16", "fp8")}
     assert temp["fp8"] <= 1.10 * temp["bf16"], {p: t / 2 ** 20 for p, t in temp.items()}

@@ -180,7 +180,7 @@ def test_1f1b_variants_compile_for_h100(degrees, options):
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)
     batch = {"tokens": jax.ShapeDtypeStruct((16, 128), np.int32)}  # pp divides microbatches
     step = jaxsmp.step(causal_lm_loss, microbatches=2, pipeline="interleaved", **options)
-    text = gpu_target.compile_step(step, state, batch, mesh, options["precision"]).as_text()
+    text = gpu_target.compile_step(step, state, batch, mesh).as_text()
     assert "collective-permute" in text and "all-reduce" in text
     if options["precision"] == "fp8":
         assert gpu_target.count_fp8_gemms(text) > 0
@@ -201,6 +201,6 @@ def test_virtual_keeps_no_weight_copy_per_tick_on_h100():
     for schedule in ("simple", "virtual"):
         step = jaxsmp.step(causal_lm_loss, microbatches=16, pipeline=schedule,
                            virtual_chunks=2, pipeline_partition="equal")
-        compiled = gpu_target.compile_step(step, state, batch, mesh, "bf16")
+        compiled = gpu_target.compile_step(step, state, batch, mesh)
         temp[schedule] = compiled.memory_analysis().temp_size_in_bytes / 2 ** 20
     assert temp["virtual"] < 1.1 * temp["simple"], temp
