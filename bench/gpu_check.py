@@ -1,4 +1,4 @@
-"""jaxsmp measured on one GPU in one command (issue 35): training throughput and MFU
+"""jaxsmp measured on one GPU in one command: training throughput and MFU
 against a hand-written JAX step and PyTorch, attention kernels, FP8, remat, the
 planner's prediction, the environment; at most 8 minutes, each section under a budget.
 

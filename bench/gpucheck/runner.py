@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from bench.gpucheck import report
+from bench.gpucheck.common import first_line
 from bench.gpucheck.worker import PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,9 +108,12 @@ def run_group(workers: Workers, section: str, rows: list[dict], ctx: dict, deadl
     """Runs ``rows`` in one worker; ``record(i, result)`` as each comes in. Rows left
     when the worker ends or the deadline passes are recorded as skipped or killed."""
     proc = workers.take(extra)
-    proc.stdin.write(json.dumps({"section": section, "rows": rows, "deadline": deadline,
-                                 "ctx": ctx}) + "\n")
-    proc.stdin.close()
+    try:
+        proc.stdin.write(json.dumps({"section": section, "rows": rows, "deadline": deadline,
+                                     "ctx": ctx}) + "\n")
+        proc.stdin.close()
+    except BrokenPipeError:  # it died importing: its exit code is recorded below
+        pass
     events: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(proc, events), daemon=True).start()
     done, running = set(), None
@@ -153,7 +157,13 @@ def groups(rows: list[dict], isolate: bool) -> list[list[int]]:
 
 def run_section(name: str, module, results: dict, ctx: dict, workers: Workers,
                 deadline: float, save) -> None:
-    rows = module.rows(ctx, results)
+    try:
+        rows = module.rows(ctx, results)
+    except Exception as error:  # recorded; the next section runs
+        results[name] = {"title": module.TITLE, "rows": [], "stopped":
+                         f"its rows could not be set up: {first_line(error)}"}
+        save()
+        return
     entry = results[name] = {"title": module.TITLE, "budget_s": round(deadline - time.time()),
                              "rows": [dict(r, status="pending") for r in rows]}
     start = time.time()

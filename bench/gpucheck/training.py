@@ -49,7 +49,7 @@ def fit_layers(family: str, preset: str, seq: int, batch: int, memory: float) ->
     n = max(0, min(n, base.num_hidden_layers))
     while n > 1 and need(n) > memory:
         n -= 1
-    return n if n == 1 and one <= memory or n > 1 else 0
+    return n if n > 1 or one <= memory else 0
 
 
 def model_row(family: str, preset: str, seq: int, batch: int, layers: int, smoke: bool,
