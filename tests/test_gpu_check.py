@@ -1,0 +1,71 @@
+"""``bench/gpu_check.py``, the one-command GPU measurement, kept working on CPU: its
+``--smoke`` run fills every section and writes its files; its pieces that need no run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.gpucheck import attention, planner, report, runner
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a CPU cannot run, and says so in the row
+CPU_SKIPS = ("cuDNN needs an NVIDIA GPU", "cuDNN's kernel takes no ALiBi slopes",
+             "XLA:CPU drops host offloads")
+
+
+@pytest.mark.slow
+def test_smoke_run_fills_every_section_and_writes_markdown_and_json(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "out"
+    # a generous budget: CI's cores are shared, and no row may be cut short here
+    done = subprocess.run([sys.executable, "bench/gpu_check.py", "--smoke", "--budget", "900",
+                           "--results-dir", str(results), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for folder in (results, out):
+        assert len(list(folder.glob("*-cpu-smoke.md"))) == 1
+        assert len(list(folder.glob("*-cpu-smoke.json"))) == 1
+    data = json.loads(next(results.glob("*.json")).read_text())["sections"]
+    assert list(data) == [name for name, _ in runner.SECTIONS]
+    for name, entry in data.items():
+        rows = entry["rows"]
+        assert any(r["status"] == "ok" for r in rows), name
+        bad = [(r["label"], r["status"], r.get("reason")) for r in rows
+               if r["status"] != "ok" and not any(s in r.get("reason", "") for s in CPU_SKIPS)]
+        assert bad == [], name
+    training = data["training"]["rows"]
+    assert {r["contender"] for r in training} == {"jaxsmp", "jax.jit", "torch"}
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in training)
+    assert [r["fp8_gemms"] for r in data["fp8"]["rows"]] == [0, 0]  # XLA:CPU: no cuBLASLt
+    assert len(data["planner"]["rows"]) == 7   # one per measured jaxsmp row
+    assert "### 1. Training throughput" in done.stdout
+
+
+def test_rows_share_a_worker_on_cpu_and_get_one_each_when_isolated():
+    rows = [{}, {}, {"env": {"A": "1"}}, {}]
+    assert runner.groups(rows, isolate=False) == [[0, 1], [2], [3]]
+    assert runner.groups(rows, isolate=True) == [[0], [1], [2], [3]]
+
+
+def test_attention_flops_follow_flash_attentions_causal_convention():
+    row = {"batch": 1, "heads": 16, "seq": 2048, "head_dim": 128}
+    assert attention.flops(row) == 3.5 * 4 * 16 * 2048 ** 2 * 128 / 2
+
+
+def test_planner_plans_the_measured_gpu_or_says_it_cannot():
+    assert planner.planner_gpu("NVIDIA H100 80GB HBM3") == ("H100-SXM", "")
+    assert planner.planner_gpu("NVIDIA H200")[0] == "H200"
+    assert planner.planner_gpu("NVIDIA H100 PCIe")[1].startswith("planned as SXM")
+    gpu, why = planner.planner_gpu("NVIDIA L4")
+    assert gpu is None and "L4" in why
+
+
+def test_a_failed_or_skipped_row_shows_its_reason_in_the_table():
+    entry = {"title": "2. Attention forward + backward", "budget_s": 10, "wall_s": 1.0,
+             "rows": [{"impl": "cudnn", "status": "skipped", "reason": "cuDNN needs an NVIDIA GPU"},
+                      {"impl": "pallas", "status": "error", "reason": "ValueError: bad"}]}
+    text = report.section_table("attention", entry)
+    assert "skipped: cuDNN needs an NVIDIA GPU" in text and "error: ValueError: bad" in text
