@@ -76,7 +76,10 @@ def _resolve(algorithm: str, op: str, nbytes: int, topo: Topology, axis_name: Ax
         return algorithm
     from collectives.ffi.mpi_env import usable
     ffi_ok, _ = usable(current().mesh, axis_names(axis_name))
-    return auto.choose(nbytes, topo, op=op, ffi=ffi_ok)
+    decision = auto.decide(nbytes, topo, op=op, ffi=ffi_ok)
+    if current().decisions is not None:
+        current().decisions.append((op, decision))
+    return decision.pick
 
 
 def all_gather(x: jax.Array, axis_name: AxisName, *, axis: int = 0,

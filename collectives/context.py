@@ -38,6 +38,8 @@ class Scope:
     timeout: float | None = None  # None: $JAXSMP_COLLECTIVES_TIMEOUT or 300 s
     # ffi tag keys counted so far in the enclosing one-program scope (else None)
     occurrences: Counter | None = dataclasses.field(default=None, compare=False)
+    # where auto's choices are appended while tracing: (op, Decision) (None: nowhere)
+    decisions: list | None = dataclasses.field(default=None, compare=False)
 
 
 _CURRENT = contextvars.ContextVar("collectives_scope", default=Scope())
@@ -50,11 +52,13 @@ def current() -> Scope:
 
 @contextlib.contextmanager
 def scope(*, mesh: jax.sharding.Mesh | None = _UNSET, cost_model: Any = _UNSET,
-          timeout: float | None = _UNSET, one_program: bool = False) -> Iterator[Scope]:
+          timeout: float | None = _UNSET, one_program: bool = False,
+          decisions: list | None = _UNSET) -> Iterator[Scope]:
     """Set ``mesh``, ``cost_model`` and/or ``timeout`` for the collectives traced inside;
-    ``one_program``: the block traces one program (see the module docstring)."""
-    given = {k: v for k, v in dict(mesh=mesh, cost_model=cost_model, timeout=timeout).items()
-             if v is not _UNSET}
+    ``one_program``: the block traces one program (see the module docstring);
+    ``decisions``: a list that gets ``(op, auto.Decision)`` for each ``auto`` choice."""
+    given = {k: v for k, v in dict(mesh=mesh, cost_model=cost_model, timeout=timeout,
+                                   decisions=decisions).items() if v is not _UNSET}
     if one_program:
         given["occurrences"] = Counter()
     if given.get("timeout") is not None and not given["timeout"] > 0:

@@ -48,15 +48,40 @@ def choose_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
     ``platform`` (a device's ``platform``: ``cuda``, ``rocm``, ``cpu``, ...; default:
     the platform of JAX's default device); ``score_bytes``: one float32 ``[b, h, s, s]`` score matrix
     (None: unknown, so not materialised). See the module docstring."""
+    return decide_impl(dtype, head_dim, alibi=alibi, segments=segments, platform=platform,
+                       score_bytes=score_bytes)[0]
+
+
+def _cudnn_refusal(dtype, head_dim: int, alibi: bool, segments: bool) -> str | None:
+    """Why cuDNN's kernel cannot take these inputs (None: it can)."""
+    if jnp.dtype(dtype) not in map(jnp.dtype, CUDNN_DTYPES):
+        return f"{jnp.dtype(dtype).name} inputs (cuDNN takes float16 and bfloat16)"
+    if alibi or segments:
+        return "ALiBi slopes" if alibi else "segment ids (packed sequences)"
+    if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} (cuDNN: a multiple of 8 up to {CUDNN_MAX_HEAD_DIM})"
+    return None
+
+
+def decide_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
+                platform: str | None = None, score_bytes: int | None = None) -> tuple[str, str]:
+    """(:func:`choose_impl`'s implementation, why it is the one)."""
     platform = jax.devices()[0].platform if platform is None else platform
     if platform not in GPU_PLATFORMS:
-        fits = score_bytes is not None and score_bytes <= REFERENCE_SCORE_BYTES
-        return "reference" if fits else "blockwise"
+        mib = lambda n: f"{n / 2**20:.3g} MiB"  # noqa: E731
+        limit = mib(REFERENCE_SCORE_BYTES)
+        if score_bytes is not None and score_bytes <= REFERENCE_SCORE_BYTES:
+            return "reference", (f"{platform}: one float32 score matrix ({mib(score_bytes)}) "
+                                 f"fits {limit}, and XLA runs plain matmuls fastest")
+        size = "of unknown size" if score_bytes is None else f"of {mib(score_bytes)}"
+        return "blockwise", f"{platform}: one float32 score matrix {size} exceeds {limit}"
     if platform == "rocm":
-        return "pallas"
-    cudnn_ok = (jnp.dtype(dtype) in map(jnp.dtype, CUDNN_DTYPES) and not alibi
-                and not segments and head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM)
-    return "cudnn" if cudnn_ok else "pallas"
+        return "pallas", "rocm: cuDNN is NVIDIA's; the Triton kernel runs on AMD GPUs"
+    refusal = _cudnn_refusal(dtype, head_dim, alibi, segments)
+    if refusal is None:
+        return "cudnn", (f"{platform}: {jnp.dtype(dtype).name}, head_dim {head_dim}, no ALiBi "
+                         f"or segment ids: cuDNN's fused kernel takes them")
+    return "pallas", f"{platform}: cuDNN's kernel does not take {refusal}"
 
 
 def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, alibi_slopes: jax.Array | None,

@@ -33,10 +33,26 @@ def choose_strategy(heads: int, cp: int, tp: int, platform: str, ring_ok: bool) 
     elsewhere ``ring`` (measured on XLA:CPU, ``bench/context_parallel.py``: 1.14x and
     1.37x the tokens/s of no ``cp`` at 2k and 8k tokens, ulysses 1.04x and 1.01x) unless
     it cannot serve the call (``ring_ok``: causal, no segment ids, an XLA ``impl``)."""
-    if fits(heads, cp, tp) and (platform in GPU_PLATFORMS or not ring_ok):
-        return "ulysses"
-    return "ring"
+    return decide_strategy(heads, cp, tp, platform, ring_ok)[0]
 
 
-__all__ = ["RING_IMPLS", "STRATEGIES", "balance", "choose_strategy", "unbalance",
+def decide_strategy(heads: int, cp: int, tp: int, platform: str,
+                    ring_ok: bool) -> tuple[str, str]:
+    """(:func:`choose_strategy`'s strategy, why it is the one)."""
+    local = f"cp={cp} {{}} the {heads // tp if heads % tp == 0 else heads} query heads " \
+            f"per tp device"
+    if fits(heads, cp, tp):
+        if platform in GPU_PLATFORMS:
+            return "ulysses", (f"{platform}: {local.format('divides')}, so whole sequences go "
+                               f"through the fused attention kernel")
+        if not ring_ok:
+            return "ulysses", (f"{platform}: ring cannot serve the call (it runs causal "
+                               f"attention without segment ids, in XLA tiles)")
+        return "ring", (f"{platform}: ring is the faster off GPUs (bench/context_parallel.py: "
+                        f"1.37x the tokens/s of no cp at 8k tokens, ulysses 1.01x)")
+    return "ring", f"{local.format('does not divide')}; ring takes any head count"
+
+
+__all__ = ["RING_IMPLS", "STRATEGIES", "balance", "choose_strategy", "decide_strategy",
+           "unbalance",
            "unmasked_pairs"]

@@ -29,10 +29,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels
-from jaxsmp.context import RING_IMPLS, choose_strategy
+from jaxsmp.context import RING_IMPLS, decide_strategy
 from jaxsmp.context.ring import ring_attention
 from jaxsmp.context.ulysses import check_heads, ulysses_attention
-from pallas_kernels.attention import choose_impl
+from jaxsmp.train.explain import note
+from pallas_kernels.attention import choose_impl, decide_impl
 
 
 def _split_over_tp(q: jax.Array, tp: int) -> str | None:
@@ -98,6 +99,20 @@ def _per_device(fn: Callable, mesh, free: tuple[str, ...], qkv: P, extra_specs) 
     return run
 
 
+def _kernel(q, k, v, *, why: str | None = None, **kwargs) -> jax.Array:
+    """``pallas_kernels.attention`` with ``auto`` resolved here, on the inputs the kernel
+    gets, and the implementation that runs noted for ``step.explain``
+    (:mod:`jaxsmp.train.explain`); ``why``: the reason for an ``impl`` set by a rule."""
+    impl = kwargs.get("impl", "auto")
+    if impl == "auto":
+        b, s, h, d = q.shape
+        impl, why = decide_impl(q.dtype, d, alibi=kwargs.get("alibi_slopes") is not None,
+                                segments=kwargs.get("segment_ids") is not None,
+                                platform=kwargs["platform"], score_bytes=b * h * s * s * 4)
+    note("attention", impl, why)
+    return pallas_kernels.attention(q, k, v, **{**kwargs, "impl": impl})
+
+
 def _per_device_kernel(q, alibi_slopes, segment_ids, kwargs) -> bool:
     """Whether the call runs a kernel GSPMD cannot partition (Pallas, cuDNN), which then
     runs per device; ``reference`` and ``blockwise`` are plain XLA ops that GSPMD splits
@@ -113,20 +128,22 @@ def _per_device_kernel(q, alibi_slopes, segment_ids, kwargs) -> bool:
 
 def _context_kernel(strategy: str, q, tp: int, cp: int, segments: bool, kwargs) -> Callable:
     """The per-device attention of a ``cp`` mesh: ``ulysses`` or ``ring`` (``auto``:
-    :func:`jaxsmp.context.choose_strategy`)."""
-    impl = kwargs.get("impl", "auto")
+    :func:`jaxsmp.context.decide_strategy`)."""
+    impl, why = kwargs.get("impl", "auto"), None
     if strategy == "auto":
         ring_ok = bool(kwargs.get("causal")) and not segments and impl in RING_IMPLS
-        strategy = choose_strategy(q.shape[2], cp, tp, kwargs["platform"], ring_ok)
+        strategy, why = decide_strategy(q.shape[2], cp, tp, kwargs["platform"], ring_ok)
+    note("context_parallel", strategy, why)
     if strategy == "ulysses":
         check_heads(q.shape[2], cp, tp)
-        return lambda q, k, v, extra: ulysses_attention(pallas_kernels.attention, q, k, v,
-                                                        **extra, **kwargs)
+        return lambda q, k, v, extra: ulysses_attention(_kernel, q, k, v, **extra, **kwargs)
     if impl not in RING_IMPLS or not kwargs.get("causal") or segments:
         raise ValueError(f"context_parallel='ring' runs causal attention without segment ids "
                          f"(packed sequences), its blocks in XLA; got impl={impl!r}, "
                          f"causal={kwargs.get('causal')!r}, segment ids: {segments}. Use "
                          f"attention_impl 'auto' (or 'blockwise'), or context_parallel='ulysses'")
+    note("attention", "blockwise", f"ring attention runs its chunk pairs as XLA "
+         f"FlashAttention tiles (pallas_kernels.blockwise), whatever impl={impl!r} asks")
     scale = kwargs.get("softmax_scale") or q.shape[3] ** -0.5
     return lambda q, k, v, extra: ring_attention(q, k, v, extra.get("alibi_slopes"), scale)
 
@@ -147,10 +164,13 @@ def local_attention(mesh: jax.sharding.Mesh,
         cp = mesh.shape["cp"] if "cp" in free else 1
         if cp == 1 and (not free or not _per_device_kernel(q, alibi_slopes, segment_ids,
                                                              kwargs)):
-            return pallas_kernels.attention(q, k, v, **extra, **kwargs)
+            return _kernel(q, k, v, **extra, **kwargs)
         if "pp" in manual and kwargs.get("impl", "auto") == "auto":
             # the rule of auto on such meshes (see the module docstring)
-            return pallas_kernels.attention(q, k, v, **extra, **{**kwargs, "impl": "blockwise"})
+            return _kernel(q, k, v, **extra, **{**kwargs, "impl": "blockwise"}, why=(
+                f"pp={mesh.shape['pp']} with tp={mesh.shape['tp']}: inside the pipeline's "
+                f"loop JAX mis-shards a cuDNN or Pallas kernel mapped per device over tp, "
+                f"so auto runs XLA's blockwise FlashAttention"))
         if "pp" in manual:
             raise ValueError(
                 f"attention impl {kwargs['impl']!r} (a Pallas or cuDNN kernel) is not "
@@ -165,7 +185,7 @@ def local_attention(mesh: jax.sharding.Mesh,
         specs = {"alibi_slopes": P(on("heads")), "segment_ids": P(on("batch"))}
 
         def kernel(q, k, v, extra):
-            return pallas_kernels.attention(q, k, v, **extra, **kwargs)
+            return _kernel(q, k, v, **extra, **kwargs)
         if cp > 1:
             kernel = _context_kernel(context_parallel, q, tp if split == "heads" else 1, cp,
                                      segment_ids is not None, kwargs)

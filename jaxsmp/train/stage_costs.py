@@ -110,8 +110,8 @@ def _real(dtype):
 
 
 def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
-                   num_layers: int, chunks: int) -> tuple[tuple[int, ...], bool]:
-    """(layers per virtual stage, whether 1F1B spreads the head over the stages)
+                   num_layers: int, chunks: int) -> tuple[tuple[int, ...], bool, tuple]:
+    """(layers per virtual stage, whether 1F1B spreads the head over the stages, why each)
     balancing the stage times the schedule runs; ``auto`` options are chosen, the
     others kept. The head is part of 1F1B's last stage (it runs inside its forward
     ticks) or spread over all stages after them: the split and placement are the
@@ -121,7 +121,9 @@ def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
     given = (None if partition == "auto" else equal_counts(num_layers, state.mesh.pp, chunks)
              if partition == "equal" else tuple(partition))
     if options.pipeline != "interleaved":  # identical layers, nothing else in the ticks
-        return given or balanced_counts([1.0] * num_layers, state.mesh.pp * chunks), False
+        return (given or balanced_counts([1.0] * num_layers, state.mesh.pp * chunks), False,
+                (f"{options.pipeline} runs identical layers and nothing else in its ticks: "
+                 f"the most even split", None))
     platform = state.mesh.jax_mesh.devices.flat[0].platform
     forward, both, head_seconds = piece_seconds(fn, state, options, microbatch, platform)
     args = (num_layers, state.mesh.pp, options.microbatches, forward, both, head_seconds)
@@ -129,4 +131,12 @@ def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
     rows = jax.tree.leaves(microbatch)[0].shape[0]
     split = one_f_one_b_split(*args, can_spread=rows % state.mesh.pp == 0, counts=given,
                               fused=fused, placement=head)
-    return split.counts, split.spread_head
+    ms = lambda t: f"{t * 1e3:.3g} ms"  # noqa: E731
+    split_why = (f"1F1B's ticks simulated on compiled costs ({platform} roofline: a layer "
+                 f"{ms(forward)} forward, {ms(both)} forward and backward, the head "
+                 f"{ms(head_seconds)}){', fused under tp' if fused else ''}: the fastest split, "
+                 f"{ms(split.seconds)} per step")
+    head_why = ("spreading it is at least 2% faster in the same simulation" if split.spread_head
+                else f"{rows} rows per microbatch do not divide by pp={state.mesh.pp}"
+                if rows % state.mesh.pp else "spreading it is not 2% faster in the same simulation")
+    return split.counts, split.spread_head, (split_why, head_why)

@@ -32,6 +32,7 @@ from jaxsmp.train import manual
 from jaxsmp.train.batch import place_batch
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train import fp8_state, stage_costs
+from jaxsmp.train.explain import Explanation, explain_step
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings
@@ -114,12 +115,17 @@ class _Step:
 
     def _split(self, state: TrainState, batch: Any) -> tuple[str | tuple[int, ...], bool]:
         """(pipeline_partition, spread_head), ``auto`` resolved from compiled costs."""
+        return self._split_why(state, batch)[:2]
+
+    def _split_why(self, state: TrainState, batch: Any) -> tuple[Any, bool, tuple | None]:
+        """:meth:`_split` and why ``auto`` chose the split and the head placement (None:
+        nothing costed; :func:`jaxsmp.train.stage_costs.auto_partition`)."""
         partition, layers = self.options.pipeline_partition, _num_layers(state)
         costed = partition == "auto" or (self.options.pipeline_head == "auto" and
                                           self.options.pipeline == "interleaved")
         if not costed or state.mesh.pp == 1 or layers is None:
             return ("equal" if partition == "auto" else partition,
-                    self.options.pipeline_head == "spread")
+                    self.options.pipeline_head == "spread", None)
         rows = jax.tree.leaves(batch)[0].shape[0] // (state.mesh.data_size *
                                                       self.options.microbatches)
         micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((rows, *x.shape[1:]), x.dtype),
@@ -128,10 +134,21 @@ class _Step:
         key = (jax.tree.structure(state), str(jax.tree.map(jnp.shape, (state.params, micro))))
         cache = self.__dict__.setdefault("_partitions", {})
         if key not in cache:
-            counts, spread = stage_costs.auto_partition(self.fn, state, self.options, micro,
-                                                        layers, chunks)
-            cache[key] = ("equal" if len(set(counts)) == 1 else counts, spread)
+            counts, spread, why = stage_costs.auto_partition(self.fn, state, self.options,
+                                                             micro, layers, chunks)
+            cache[key] = ("equal" if len(set(counts)) == 1 else counts, spread, why)
         return cache[key]
+
+    def explain(self, state: TrainState, batch: Any) -> Explanation:
+        """What this step runs on ``batch`` (arrays or shapes) and why: the attention
+        kernel, context-parallel strategy, pipeline split, collectives, precision and
+        remat, from a trace of the step itself (:mod:`jaxsmp.train.explain`)."""
+        _plan(state, self.options)
+        train = isinstance(self, TrainStep)  # eval splits batches only for the pipeline
+        state = self._with_fp8(state)
+        batch = self._place(state, batch, self.options.microbatches
+                            if train or state.mesh.pp > 1 else 1)
+        return explain_step(self, state, batch, self._gradients if train else self._eval)
 
     def _with_fp8(self, state: TrainState) -> TrainState:
         """With ``precision="fp8"``: checked, and amax histories added if missing."""
