@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (("environment", 0), ("training", 48), ("attention", 17), ("fp8", 14),
             ("remat", 17), ("planner", 4))
 ENVIRONMENT_S = 45       # the environment's budget, out of the total: the rest need it
+FLOOR_S = {"planner": 20}  # a worker's start at least, though earlier sections overran
 DEFAULT_BUDGET_S = 440   # 8 minutes less 40 s for start-up, writing and margin
 
 
@@ -218,7 +219,7 @@ def run_all(args, results: dict, workers: Workers, writer, end: float) -> None:
     for k, (name, share) in enumerate(chosen):
         left = sum(w for _, w in chosen[k:])
         deadline = (time.time() + ENVIRONMENT_S if name == "environment" else
-                    time.time() + (end - time.time()) * share / left)
+                    time.time() + max(FLOOR_S.get(name, 0), (end - time.time()) * share / left))
         module = importlib.import_module(f"bench.gpucheck.{name}")
         run_section(name, module, results, ctx, workers, deadline, writer.save)
         if name == "environment":
