@@ -146,6 +146,16 @@ def _call(train_step, state: TrainState, batch, first: bool):
         raise ConfigError(str(err)) from err
 
 
+def _explain(run: Run, train_step, batch) -> None:
+    """Prints what the step runs on the first batch and why (before it compiles); a
+    ValueError (settings the mesh or model cannot serve) is a :class:`ConfigError`."""
+    try:
+        explanation = train_step.explain(run.state, batch)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    run.reporter.explain(explanation)
+
+
 def _record(run: Run, history: History, done: int, values: dict) -> None:
     history.losses.append(values["loss"])
     history.tokens_per_second.append(values["tokens_per_second"])
@@ -170,6 +180,8 @@ def _train(run: Run, history: History, stack: ExitStack) -> None:
         start = time.perf_counter()  # the step's time includes waiting for its batch
         _, batch = next(batches)
         waited = time.perf_counter() - start
+        if not history.losses:
+            _explain(run, train_step, batch)
         profiler.before(done)
         run.state, metrics = _call(train_step, run.state, batch, first=not history.losses)
         jax.block_until_ready(metrics["loss"])

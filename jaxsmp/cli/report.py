@@ -66,6 +66,12 @@ class Reporter:
         else:
             print(self.prefix + text, flush=True)
 
+    def explain(self, explanation) -> None:
+        """The header's account of what the step runs and why (``step.explain``)."""
+        self.print("step (auto's choices with their reasons):")
+        for line in str(explanation).splitlines():
+            self.print("  " + line)
+
     def step(self, step: int, values: dict) -> None:
         """After step ``step`` (1-based count of steps done)."""
         if self.bar is not None:

@@ -27,3 +27,22 @@ def test_other_processes_print_only_when_asked(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
     Reporter(TrainConfig(log_every=1, log_all_processes=True), first=0).step(1, VALUES)
     assert capsys.readouterr().out.startswith("step 1/200 | loss 2.500")
+
+
+def test_the_header_shows_what_the_step_runs_and_why(capsys):
+    import numpy as np
+    import optax
+
+    import jaxsmp
+    from jaxsmp.checkpoint import abstract_state
+    from jaxsmp.losses import causal_lm_loss
+    config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=1)
+    state = abstract_state(config.build, optax.adamw(1e-4), jaxsmp.Mesh(sdp=8))
+    batch = {"tokens": jax.ShapeDtypeStruct((8, 64), np.int32)}
+    explanation = jaxsmp.step(causal_lm_loss, remat="full").explain(state, batch)
+    Reporter(TrainConfig(), first=0).explain(explanation)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["step (auto's choices with their reasons):"] + [
+        "  " + line for line in str(explanation).splitlines()]
+    assert lines[1].startswith("  attention         reference (auto: cpu: one float32 score")
+    assert "  remat             full" in lines

@@ -22,6 +22,7 @@ def test_the_tiny_cpu_config_trains():
          "--steps", "2", "--eval-every", "0", "--no-progress", "--print-losses"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\n  attention         reference (auto: cpu: " in proc.stdout  # step.explain
     losses = json.loads(proc.stdout.split("losses: ")[1])
     assert len(losses) == 2 and all(loss == loss for loss in losses)  # finite, not NaN
 
