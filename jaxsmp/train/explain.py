@@ -86,9 +86,12 @@ class Explanation:
 
 
 def _one(notes, topic: str, default: Choice) -> Choice:
+    """The choice noted on ``topic`` (several joined; ``default`` where none was)."""
     found = [Choice(v, w) for t, v, w in notes if t == topic]
-    return found[0] if len(found) == 1 else default if not found else Choice(
-        " / ".join(c.value for c in found), "; ".join(filter(None, (c.why for c in found))))
+    if len(found) < 2:
+        return found[0] if found else default
+    return Choice(" / ".join(c.value for c in found),
+                  "; ".join(c.why for c in found if c.why) or None)
 
 
 def _collectives(name: str, source: str, decisions: list) -> Choice:
@@ -117,7 +120,8 @@ def _precision(options, state) -> tuple[Choice, tuple[str, ...]]:
     model = nnx.merge(state.graphdef, state.params)
     gemms = tuple(".".join(map(str, path)) for path, m in nnx.iter_modules(model)
                   if runs_fp8(m, options.fp8_vocab) and getattr(m, "fp8", None) is not None)
-    vocab = "in float8" if options.fp8_vocab else "in bfloat16 (fp8_vocab=False)"
+    vocab = "in float8" if options.fp8_vocab else (
+        f"in {jax.numpy.dtype(policy.compute_dtype).name} (fp8_vocab=False)")
     return Choice(f"{text}, float8 GEMMs with delayed scaling ({options.fp8_history} steps "
                   f"of amax history), the vocabulary projection {vocab}"), gemms
 
