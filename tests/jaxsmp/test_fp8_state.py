@@ -16,7 +16,6 @@ from jaxsmp.nn.param import variables_by_path
 from jaxsmp.train.fp8_state import is_meta
 
 BATCH = {"tokens": np.random.RandomState(0).randint(0, 256, (16, 32)).astype(np.int32)}
-LOUD = 8  # tokens [0, LOUD): embedding rows with one large component (_loud_embeddings)
 
 
 def weighted_loss(model, batch: dict) -> jax.Array:
@@ -28,26 +27,12 @@ def weighted_loss(model, batch: dict) -> jax.Array:
 
 
 def loud_first_batch(data_size: int, microbatches: int = 2) -> dict:
-    """16 sequences whose first microbatch on every replica is loud (tokens below LOUD,
-    weight 1) and the others quiet (the other tokens, weight 0.1): every Linear's input
-    and output gradient amax comes from the first microbatch, far above the last's."""
+    """:data:`BATCH` whose first microbatch on every replica weighs 1 in the loss and the
+    others 0.1: every Linear's output gradients, and so their amax, are about 10x larger
+    in the first microbatch than in the last."""
     rows = 16 // data_size  # contiguous rows per replica, split contiguously
     loud = np.arange(16) % rows < rows // microbatches
-    rng = np.random.RandomState(0)
-    tokens = np.where(loud[:, None], rng.randint(0, LOUD, (16, 32)),
-                      rng.randint(LOUD, 256, (16, 32))).astype(np.int32)
-    return {"tokens": tokens, "weight": np.where(loud, 1.0, 0.1).astype(np.float32)}
-
-
-def _loud_embeddings(state):
-    """The LOUD tokens' embedding rows: component t of row t is 1 (the others ~0.02),
-    so the layer norms give their positions a peak of about sqrt(hidden)."""
-    for path, var in variables_by_path(state.params).items():
-        if path[0] == "embed_in":
-            table = np.asarray(var[...])
-            table[np.arange(LOUD), np.arange(LOUD)] = 1.0
-            var[...] = jax.device_put(table, var[...].sharding)
-    return state
+    return {**BATCH, "weight": np.where(loud, 1.0, 0.1).astype(np.float32)}
 
 
 def _histories(degrees: dict, microbatches: int, devices=None, data_size: int | None = None,
@@ -60,7 +45,7 @@ def _histories(degrees: dict, microbatches: int, devices=None, data_size: int | 
     step = jaxsmp.step(weighted_loss, precision="fp8", microbatches=microbatches,
                        fp8_vocab=True, **options)
     batch = loud_first_batch(data_size or mesh.data_size, microbatches)
-    state, _ = step(_loud_embeddings(state), batch)
+    state, _ = step(state, batch)
     out = {}
     for path, var in variables_by_path(state.params).items():
         if is_meta(var):
@@ -100,11 +85,12 @@ def test_every_shard_holds_the_global_maximum_with_microbatches(degrees, options
         assert history.shape == ((3, 1024) if path[0] == "embed_out" else (4, 3, 1024))
         assert not np.any(history[..., 1:])  # one step: one observation
         # [input, kernel, output gradient]: the kernels' amax is exact; bf16 activations and
-        # gradients computed in another order (tp's partial sums) round differently:
-        # measured up to 3.3% (inputs) and 9.9% (gradients, layer 0 after the whole
-        # backward) on sdp4-tp2, varying run to run; the sums the check guards against are
-        # off 2x (microbatches) to 7x (replicas)
-        for column, rtol in enumerate((5e-2, 1e-6, 0.2)):
+        # gradients computed in another order (tp's partial sums) round differently, and
+        # float8's 2-3 mantissa bits turn a rounding flip into a 6-25% step: measured up
+        # to 3.3% (inputs) and 28% (gradients) on sdp8 and sdp4-tp2, varying run to run.
+        # Guarded against: sums, 2x (microbatches' inputs) to 7x (replicas); keeping only
+        # the last microbatch, inputs -6% and gradients about -90% (its weight 0.1)
+        for column, rtol in enumerate((5e-2, 1e-6, 0.5)):
             np.testing.assert_allclose(history[..., column, 0], want[path][..., column, 0],
                                        rtol=rtol, err_msg=f"{path} column {column}")
 
