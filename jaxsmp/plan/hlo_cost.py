@@ -14,8 +14,14 @@ call. A kernel is
   bandwidth. Operands a fusion only slices count at the slice's size, an in-place
   ``dynamic-update-slice`` at its update's.
 
-Collectives are listed with their bytes and replica groups (:class:`Collective`) for the
-communication model to price. Each kernel also pays :data:`LAUNCH_SECONDS`.
+Collectives are listed with their bytes, dtype and replica groups (:class:`Collective`)
+for the communication model to price, and whether the schedule overlaps them with
+compute: an asynchronous collective with a GEMM or fused attention between its start
+and its done (or, started in one loop iteration and finished in the next, after its
+start). Replica groups are read in every format XLA prints: listed (``{{0,1},{2,3}}``),
+iota (``[2,4]<=[8]``, ``[2,4]<=[4,2]T(1,0)``) and GSPMD's mesh axes
+(``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``, with ``device_ids=(...)`` or sub-axes
+``'axis_0':(2)2``). Each kernel also pays :data:`LAUNCH_SECONDS`.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA gr
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
          "all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done",
+         "reduce-scatter-done", "all-to-all-done",
          "async-done", "send-done", "recv-done", "iota"}
 COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "collective-permute",
                "all-to-all", "send", "recv"}
@@ -51,12 +58,16 @@ class Instr:
 @dataclass(frozen=True)
 class Collective:
     """One collective kind on one replica group shape: ``nbytes`` per device (all-gather:
-    the gathered result; reduce-scatter: the input; others: the buffer), ``count`` times."""
+    the gathered result; reduce-scatter: the input; others: the buffer), ``count`` times;
+    ``dtype`` of its operands (one entry per dtype of a combined collective);
+    ``overlapped``: asynchronous with compute scheduled beside it (see the module)."""
     kind: str
     group_size: int
     stride: int
     nbytes: float
     count: float
+    dtype: str = ""
+    overlapped: bool = False
 
 
 @dataclass
@@ -80,7 +91,8 @@ class KernelTime:
                      "attention_flops", "memory_bytes"):
             setattr(self, name, getattr(self, name) + times * getattr(other, name))
         self.collectives += [Collective(c.kind, c.group_size, c.stride, c.nbytes,
-                                        c.count * times) for c in other.collectives]
+                                        c.count * times, c.dtype, c.overlapped)
+                             for c in other.collectives]
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,44 @@ def _config(attrs: str) -> dict:
         return {}
 
 
+def _iota(dims: str, transpose: str | None) -> np.ndarray:
+    """XLA's iota device list ``[dims]T(perm)``, flat."""
+    ids = np.arange(math.prod(int(x) for x in dims.split(","))).reshape(
+        [int(x) for x in dims.split(",")])
+    return (ids.transpose([int(x) for x in transpose.split(",")]) if transpose else ids).ravel()
+
+
+def _device_ids(text: str | None, count: int) -> np.ndarray:
+    """A mesh's ``device_ids=(...)``: listed, or iota ``[4,2]T(1,0)``; none: in order."""
+    if not text:
+        return np.arange(count)
+    iota = re.fullmatch(r"\s*\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\s*", text)
+    if iota:
+        return _iota(iota.group(2) or iota.group(1), iota.group(3))
+    return np.asarray([int(x) for x in re.findall(r"\d+", text)])
+
+
+def _mesh_group(axes_text: str, device_ids: str | None, grouped: str) -> list[int]:
+    """The first replica group of GSPMD's mesh-axes format: the devices varying over the
+    ``grouped`` axes, in the order listed (a sub-axis ``name:(pre)size`` splits its axis
+    into ``pre x size x rest``), the other axes at 0."""
+    names, sizes = zip(*((n.strip().strip("'\""), int(v)) for n, v in
+                         (a.split("=") for a in axes_text.split(","))))
+    refs = [re.fullmatch(r"([^:]+)(?::\((\d+)\)(\d+))?", r.replace("'", "").strip())
+            for r in grouped.split(",") if r.strip()]
+    subs = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in refs if m.group(2)}
+    dims, where = [], {}
+    for name, size in zip(names, sizes):
+        pre, sub = subs.get(name, (1, size))
+        where[name] = len(dims) + 1
+        dims += [pre, sub, size // (pre * sub)]
+    ids = _device_ids(device_ids, math.prod(sizes)).reshape(dims)
+    order = [where[m.group(1)] for m in refs]
+    picked = ids[tuple(slice(None) if d in order else 0 for d in range(len(dims)))]
+    kept = sorted(order)
+    return [int(x) for x in picked.transpose([kept.index(d) for d in order]).reshape(-1)]
+
+
 def replica_group(instr: Instr) -> tuple[int, int]:
     """(size, stride) of the first replica group (or source-target pair) of a collective."""
     pairs = re.search(r"source_target_pairs=\{\{(\d+),(\d+)\}", instr.attrs)
@@ -147,14 +197,15 @@ def replica_group(instr: Instr) -> tuple[int, int]:
     listed = re.search(r"replica_groups=\{\{([\d,]+)\}", instr.attrs)
     iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
                      instr.attrs)
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(((?:[^()]|\([^()]*\))*)\))?"
+                     r"\s*\{([^}]*)\}", instr.attrs)
     if listed:
         group = [int(x) for x in listed.group(1).split(",")]
     elif iota:
-        dims = [int(x) for x in iota.group(3).split(",")]
-        ids = np.arange(math.prod(dims)).reshape(dims)
-        if iota.group(4):
-            ids = ids.transpose([int(x) for x in iota.group(4).split(",")])
+        ids = _iota(iota.group(3), iota.group(4))
         group = list(ids.reshape(int(iota.group(1)), int(iota.group(2)))[0])
+    elif mesh:
+        group = _mesh_group(mesh.group(1), mesh.group(2), mesh.group(3))
     else:
         return 1, 1
     return len(group), (int(group[1] - group[0]) if len(group) > 1 else 1)
@@ -164,7 +215,7 @@ class _Coster:
     """Costs computations of one parsed module on ``rates``, each computation once."""
 
     def __init__(self, computations: dict[str, list[Instr]], rates: Rates):
-        self.comps, self.rates, self._done = computations, rates, {}
+        self.comps, self.rates, self._done, self._overlap = computations, rates, {}, {}
         self.shapes = {name: {i.name: i.shape for i in instrs}
                        for name, instrs in computations.items()}
 
@@ -186,7 +237,7 @@ class _Coster:
             if branches:
                 total.add(max(branches, key=lambda k: k.compute))
         elif i.op.removesuffix("-start") in COLLECTIVES:
-            total.collectives.append(self.collective(comp, i))
+            total.collectives += self.collective(comp, i)
         elif i.op in ("call", "async-start") or (i.op.endswith("-start") and "calls=" in i.attrs):
             for name in callees(i.attrs, "to_apply") + callees(i.attrs, "calls"):
                 total.add(self.computation(name))
@@ -204,13 +255,40 @@ class _Coster:
                              f"bound in its condition")
         return max(bounds)
 
-    def collective(self, comp: str, i: Instr) -> Collective:
+    def collective(self, comp: str, i: Instr) -> list[Collective]:
+        """``i`` as one :class:`Collective` per dtype of its operands."""
         kind = i.op.removesuffix("-start")
         size, stride = replica_group(i)
-        nbytes = sum(shape_bytes(self.shapes[comp].get(o, "")) for o in i.operands)
-        if kind == "all-gather":
-            nbytes *= size
-        return Collective(kind, size, stride, float(nbytes), 1.0)
+        overlapped = i.op.endswith("-start") and i.name in self.overlapped(comp)
+        by_dtype: dict[str, float] = {}
+        for o in i.operands:
+            shape = self.shapes[comp].get(o, "")
+            dtype = ARRAY.search(shape)
+            key = dtype.group(1) if dtype else ""
+            by_dtype[key] = by_dtype.get(key, 0.0) + shape_bytes(shape) * (
+                size if kind == "all-gather" else 1)
+        return [Collective(kind, size, stride, nbytes, 1.0, dtype, overlapped)
+                for dtype, nbytes in by_dtype.items()]
+
+    def overlapped(self, comp: str) -> set[str]:
+        """The asynchronous collectives of ``comp`` with a GEMM or fused attention
+        scheduled between their start and done (after the start when the done is in
+        the next loop iteration)."""
+        if comp not in self._overlap:
+            instrs = self.comps[comp]
+            compute = [self.is_compute(comp, i) for i in instrs]
+            done = {o: k for k, i in enumerate(instrs) if i.op.endswith("-done")
+                    for o in i.operands}
+            self._overlap[comp] = {
+                i.name for k, i in enumerate(instrs) if i.op.endswith("-start")
+                and any(compute[k + 1:done.get(i.name, len(instrs))])}
+        return self._overlap[comp]
+
+    def is_compute(self, comp: str, i: Instr) -> bool:
+        """A GEMM or fused attention kernel."""
+        target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
+        target = target.group(1) if target else ""
+        return target.startswith("__cudnn$fmha") or bool(self.matmul_flops(comp, i, target))
 
     def kernel(self, comp: str, i: Instr, total: KernelTime) -> None:
         total.launch += LAUNCH_SECONDS

@@ -91,3 +91,69 @@ def test_collectives_are_listed_with_their_group_shape():
 def test_a_module_without_an_entry_is_refused():
     with pytest.raises(ValueError, match="no ENTRY computation"):
         estimate("%f (a: f32[]) -> f32[] {\n  ROOT %a = f32[] parameter(0)\n}", RATES)
+
+
+def _gspmd_program() -> str:
+    """A gradient GSPMD partitions on a 4 x 2 mesh of the test's CPU devices: its
+    collectives print their groups as mesh axes (``mesh[...] {'axis_0'}``)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    mesh = jax.make_mesh((4, 2), ("a", "b"))
+    grad = jax.jit(jax.grad(lambda w, x: jnp.tanh(x @ w).sum()),
+                   in_shardings=(NamedSharding(mesh, P("a", None)),
+                                 NamedSharding(mesh, P("b", None))),
+                   out_shardings=NamedSharding(mesh, P("a", None)))
+    return grad.lower(jnp.ones((64, 32)), jnp.ones((16, 64))).compile().as_text()
+
+
+def test_every_collective_of_a_gspmd_program_is_priced_on_its_mesh_axes_group():
+    text = _gspmd_program()
+    instrs = [i for comp in parse(text)[0].values() for i in comp
+              if i.op.removesuffix("-start") in ("all-reduce", "all-gather", "reduce-scatter")]
+    assert instrs and any("replica_groups=mesh[" in i.attrs for i in instrs)
+    # devices are a-major (device = 2a + b): a group over b is {2a, 2a+1}, over a {b, b+2, ..}
+    assert {replica_group(i) for i in instrs} <= {(2, 1), (4, 2)}
+    assert all(c.group_size > 1 for c in estimate(text, RATES).collectives)
+
+
+@pytest.mark.parametrize("groups, expected", [
+    ("mesh['axis_0'=8,'axis_1'=1] {'axis_0'}", (8, 1)),
+    ("mesh['axis_0'=1,'axis_1'=8] {'axis_1'}", (8, 1)),
+    ("mesh['a'=4,'b'=2] {'a'}", (4, 2)),
+    ("mesh['a'=4,'b'=2] {'b','a'}", (8, 2)),
+    ("mesh['a'=4,'b'=2] {'a':(2)2}", (2, 2)),   # a = 2 x 2: its minor half
+    ("mesh['a'=4,'b'=2], device_ids=(0,2,4,6,1,3,5,7) {'a'}", (4, 4)),
+    ("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_2'}", (4, 2)),
+])
+def test_mesh_axes_replica_groups_read_as_their_first_group(groups, expected):
+    text = f"""ENTRY %main (a: f32[64]) -> f32[64] {{
+  %a = f32[64]{{0}} parameter(0)
+  ROOT %r = f32[64]{{0}} all-reduce(%a), replica_groups={groups}, to_apply=%add
+}}"""
+    assert replica_group(parse(text)[0]["main"][1]) == expected
+
+
+def test_a_collective_is_overlapped_when_a_gemm_runs_between_its_start_and_done():
+    text = """%gemm (p0: bf16[64,128], p1: bf16[128,32]) -> bf16[64,32] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %p1 = bf16[128,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: bf16[64,128], b: bf16[128,32], c: f32[1024]) -> f32[128] {
+  %a = bf16[64,128]{1,0} parameter(0)
+  %b = bf16[128,32]{1,0} parameter(1)
+  %c = f32[1024]{0} parameter(2)
+  %s1 = ((f32[1024]{0}), f32[128]{0}) reduce-scatter-start(%c), replica_groups=[1,8]<=[8], dimensions={0}
+  %g = bf16[64,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm
+  %d1 = f32[128]{0} reduce-scatter-done(%s1)
+  %s2 = ((f32[1024]{0}), f32[128]{0}) reduce-scatter-start(%c), replica_groups=[1,8]<=[8], dimensions={0}
+  %d2 = f32[128]{0} reduce-scatter-done(%s2)
+  %r = bf16[1024]{0} all-reduce(%a), replica_groups=[1,8]<=[8], to_apply=%add
+  ROOT %o = f32[128]{0} add(%d1, %d2)
+}"""
+    found = estimate(text, RATES).collectives
+    assert [(c.kind, c.dtype, c.overlapped) for c in found] == [
+        ("reduce-scatter", "f32", True), ("reduce-scatter", "f32", False),
+        ("all-reduce", "bf16", False)]
