@@ -69,6 +69,12 @@ def with_fp8(state, history: int = DEFAULT_HISTORY, vocab: bool = False):
     them already is returned as it is, if they are those."""
     positive_int("fp8_history", history)
     model = nnx.merge(state.graphdef, state.params)
+    if vocab and not any(runs_fp8(m, vocab) and not runs_fp8(m)
+                         for _, m in nnx.iter_modules(model)):
+        raise ValueError(
+            "fp8_vocab=True runs the vocabulary projection Linear in float8, but this "
+            f"model ({type(model).__name__}) has none: its logits come from its tied token "
+            "embedding, which stays in bfloat16; use fp8_vocab=False")
     if has_fp8(state.params):
         _check_histories(model, history, vocab)
         return state

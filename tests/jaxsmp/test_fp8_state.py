@@ -108,6 +108,18 @@ def test_fp8_settings_other_than_the_states_histories_are_refused():
         jaxsmp.step(causal_lm_loss, precision="bf16", fp8_vocab=True)
 
 
+def test_fp8_vocab_on_tied_embeddings_is_refused_before_compiling():
+    """Bloom's logits are its token embedding's ``attend``, not a Linear: fp8_vocab would
+    change nothing (it did, silently, before this check)."""
+    from jaxsmp.checkpoint import abstract_state
+    mesh = jaxsmp.Mesh(sdp=8)
+    state = abstract_state(jaxsmp.models.preset("bloom", "tiny").build, optax.adam(1e-3), mesh)
+    batch = {"tokens": jax.ShapeDtypeStruct((16, 32), np.int32)}
+    with pytest.raises(ValueError, match=r"fp8_vocab=True .* \(Bloom\) has none: "
+                                         r".*tied token embedding.* use fp8_vocab=False"):
+        jaxsmp.step(causal_lm_loss, precision="fp8", fp8_vocab=True).lower(state, batch)
+
+
 def test_the_optimizer_never_sees_the_histories():
     mesh = jaxsmp.Mesh(sdp=8)
     state = jaxsmp.init(jaxsmp.models.preset("gpt_neox", "tiny").build, optax.adam(1e-3), mesh)
