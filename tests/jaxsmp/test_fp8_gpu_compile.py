@@ -93,13 +93,16 @@ def test_fp8_vocab_makes_the_vocabulary_projection_fp8_too():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", [dict(sdp=8), dict(sdp=4, tp=2)], ids=["sdp8", "sdp4-tp2"])
-def test_fp8_temporaries_within_ten_percent_of_bf16_at_llama_7b_width(mesh):
+@pytest.mark.parametrize("mesh, bound", [(dict(sdp=8), 1.0), (dict(sdp=4, tp=2), 1.10)],
+                         ids=["sdp8", "sdp4-tp2"])
+def test_fp8_temporaries_within_ten_percent_of_bf16_at_llama_7b_width(mesh, bound):
     """Every float8 operand is a copy of a bf16 one, transposed where the GEMM needs it;
-    made next to its GEMM they cost little. Made together (XLA's multi-output fusions
-    without fp8_dot's barriers) they were 1.19x (sdp8) and 1.43x (sdp4-tp2)."""
+    made next to its GEMM they cost little: 0.91x (sdp8) and 1.02x (sdp4-tp2) bf16's as
+    each compiles by default (bf16 with Triton GEMMs). Made together (XLA's multi-output
+    fusions without fp8_dot's barriers) they were 1947 and 2149 MiB, 1.04x and 1.38x
+    today's bf16 (1864, 1559 MiB): hence sdp8's bound of 1.0."""
     config = jaxsmp.models.preset("llama", "7b", num_hidden_layers=2, attention_impl="cudnn")
     temp = {p: compile_h100(jaxsmp.step(causal_lm_loss, precision=p, remat="full"), config,
                             mesh, seq=2048).memory_analysis().temp_size_in_bytes
             for p in ("bf16", "fp8")}
-    assert temp["fp8"] <= 1.10 * temp["bf16"], {p: t / 2 ** 20 for p, t in temp.items()}
+    assert temp["fp8"] <= bound * temp["bf16"], {p: t / 2 ** 20 for p, t in temp.items()}
