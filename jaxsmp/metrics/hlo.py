@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
+
 HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f8e4m3fn|f8e5m2|f16|bf16|f32|f64)"
                    r"\[([\d,]*)\]")
@@ -58,22 +60,71 @@ def shape_bytes(type_text: str) -> int:
                for dtype, dims in ARRAY.findall(type_text))
 
 
+def _iota(dims: str, transpose: str | None) -> np.ndarray:
+    """XLA's iota device list ``[dims]T(perm)``, flat."""
+    ids = np.arange(math.prod(int(x) for x in dims.split(","))).reshape(
+        [int(x) for x in dims.split(",")])
+    return (ids.transpose([int(x) for x in transpose.split(",")]) if transpose else ids).ravel()
+
+
+def _device_ids(text: str | None, count: int) -> np.ndarray:
+    """A mesh's ``device_ids=(...)``: listed, or iota ``[4,2]T(1,0)``; none: in order."""
+    if not text:
+        return np.arange(count)
+    iota = re.fullmatch(r"\s*\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\s*", text)
+    if iota:
+        return _iota(iota.group(2) or iota.group(1), iota.group(3))
+    return np.asarray([int(x) for x in re.findall(r"\d+", text)])
+
+
+def _mesh_group(axes_text: str, device_ids: str | None, grouped: str | None
+                ) -> list[int]:
+    """The first replica group of GSPMD's mesh-axes format: the devices varying over the
+    ``grouped`` axes (None: all), in the order listed (a sub-axis ``name:(pre)size`` splits its axis
+    into ``pre x size x rest``), the other axes at 0."""
+    names, sizes = zip(*((n.strip().strip("'\""), int(v)) for n, v in
+                         (a.split("=") for a in axes_text.split(","))))
+    refs = [re.fullmatch(r"([^:]+)(?::\((\d+)\)(\d+))?", r.replace("'", "").strip())
+            for r in (",".join(names) if grouped is None else grouped).split(",") if r.strip()]
+    subs = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in refs if m.group(2)}
+    dims, where = [], {}
+    for name, size in zip(names, sizes):
+        pre, sub = subs.get(name, (1, size))
+        where[name] = len(dims) + 1
+        dims += [pre, sub, size // (pre * sub)]
+    ids = _device_ids(device_ids, math.prod(sizes)).reshape(dims)
+    order = [where[m.group(1)] for m in refs]
+    picked = ids[tuple(slice(None) if d in order else 0 for d in range(len(dims)))]
+    kept = sorted(order)
+    return [int(x) for x in picked.transpose([kept.index(d) for d in order]).reshape(-1)]
+
+
+def first_replica_group(attrs: str) -> list[int] | None:
+    """The devices of a collective's first replica group, in every format XLA prints:
+    listed (``{{0,1},{2,3}}``), iota (``[2,4]<=[4,2]T(1,0)``) and GSPMD's mesh axes
+    (``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``, with ``device_ids=(...)`` listed or
+    iota, and sub-axes ``'axis_0':(2)2``); None without replica groups."""
+    listed = re.search(r"replica_groups=\{\{([\d,]+)\}", attrs)
+    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
+                     attrs)
+    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(((?:[^()]|\([^()]*\))*)\))?"
+                     r"(?:\s*\{([^}]*)\})?", attrs)
+    if listed:
+        return [int(x) for x in listed.group(1).split(",")]
+    if iota:
+        ids = _iota(iota.group(3), iota.group(4))
+        return [int(x) for x in ids.reshape(int(iota.group(1)), int(iota.group(2)))[0]]
+    if mesh:
+        return _mesh_group(mesh.group(1), mesh.group(2), mesh.group(3))
+    return None
+
+
 def group_size(attrs: str) -> str:
     """The number of devices in each group of a collective, from its HLO attributes
     ("pairs" for a collective-permute, "all" without replica groups)."""
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)   # iota form [groups,size]
-    if m:
-        return m.group(2)
-    # mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}: over the named axes
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\([^)]*\))?( \{[^}]*\})?",
-                  attrs)
-    if m:
-        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-        names = re.findall(r"'(\w+)'", m.group(2)) if m.group(2) else list(sizes)
-        return str(math.prod(int(sizes[a]) for a in names))
-    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
-    if m:
-        return str(len(m.group(1).split(",")))
+    group = first_replica_group(attrs)
+    if group is not None:
+        return str(len(group))
     if "source_target_pairs" in attrs:
         return "pairs"
     return "all"

@@ -30,9 +30,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
 
-from jaxsmp.metrics.hlo import ARRAY, callees, computations, shape_bytes
+from jaxsmp.metrics.hlo import ARRAY, callees, computations, first_replica_group, shape_bytes
 from jaxsmp.plan.gpu_target import FP8_GEMM
 
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
@@ -151,62 +150,13 @@ def _config(attrs: str) -> dict:
         return {}
 
 
-def _iota(dims: str, transpose: str | None) -> np.ndarray:
-    """XLA's iota device list ``[dims]T(perm)``, flat."""
-    ids = np.arange(math.prod(int(x) for x in dims.split(","))).reshape(
-        [int(x) for x in dims.split(",")])
-    return (ids.transpose([int(x) for x in transpose.split(",")]) if transpose else ids).ravel()
-
-
-def _device_ids(text: str | None, count: int) -> np.ndarray:
-    """A mesh's ``device_ids=(...)``: listed, or iota ``[4,2]T(1,0)``; none: in order."""
-    if not text:
-        return np.arange(count)
-    iota = re.fullmatch(r"\s*\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\s*", text)
-    if iota:
-        return _iota(iota.group(2) or iota.group(1), iota.group(3))
-    return np.asarray([int(x) for x in re.findall(r"\d+", text)])
-
-
-def _mesh_group(axes_text: str, device_ids: str | None, grouped: str) -> list[int]:
-    """The first replica group of GSPMD's mesh-axes format: the devices varying over the
-    ``grouped`` axes, in the order listed (a sub-axis ``name:(pre)size`` splits its axis
-    into ``pre x size x rest``), the other axes at 0."""
-    names, sizes = zip(*((n.strip().strip("'\""), int(v)) for n, v in
-                         (a.split("=") for a in axes_text.split(","))))
-    refs = [re.fullmatch(r"([^:]+)(?::\((\d+)\)(\d+))?", r.replace("'", "").strip())
-            for r in grouped.split(",") if r.strip()]
-    subs = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in refs if m.group(2)}
-    dims, where = [], {}
-    for name, size in zip(names, sizes):
-        pre, sub = subs.get(name, (1, size))
-        where[name] = len(dims) + 1
-        dims += [pre, sub, size // (pre * sub)]
-    ids = _device_ids(device_ids, math.prod(sizes)).reshape(dims)
-    order = [where[m.group(1)] for m in refs]
-    picked = ids[tuple(slice(None) if d in order else 0 for d in range(len(dims)))]
-    kept = sorted(order)
-    return [int(x) for x in picked.transpose([kept.index(d) for d in order]).reshape(-1)]
-
-
 def replica_group(instr: Instr) -> tuple[int, int]:
     """(size, stride) of the first replica group (or source-target pair) of a collective."""
     pairs = re.search(r"source_target_pairs=\{\{(\d+),(\d+)\}", instr.attrs)
     if pairs:
         return 2, max(1, abs(int(pairs.group(2)) - int(pairs.group(1))))
-    listed = re.search(r"replica_groups=\{\{([\d,]+)\}", instr.attrs)
-    iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?",
-                     instr.attrs)
-    mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(((?:[^()]|\([^()]*\))*)\))?"
-                     r"\s*\{([^}]*)\}", instr.attrs)
-    if listed:
-        group = [int(x) for x in listed.group(1).split(",")]
-    elif iota:
-        ids = _iota(iota.group(3), iota.group(4))
-        group = list(ids.reshape(int(iota.group(1)), int(iota.group(2)))[0])
-    elif mesh:
-        group = _mesh_group(mesh.group(1), mesh.group(2), mesh.group(3))
-    else:
+    group = first_replica_group(instr.attrs)
+    if group is None:
         return 1, 1
     return len(group), (int(group[1] - group[0]) if len(group) > 1 else 1)
 
