@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+from conftest import require_gpu_compiler
+
+require_gpu_compiler()
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from gpu_compile import compile_case  # noqa: E402
 
