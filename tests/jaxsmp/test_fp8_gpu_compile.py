@@ -4,7 +4,9 @@ matmul is a cuBLASLt FP8 GEMM, counted per computation as docs/fp8.md states, in
 step users build and in the trainer's."""
 import pytest
 
-pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+from conftest import require_gpu_compiler
+
+require_gpu_compiler()
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import require_gpu_compiler
 import jaxsmp
 from jaxsmp.checkpoint import abstract_state
 from jaxsmp.losses import causal_lm_loss
@@ -35,8 +36,8 @@ def _setup(degrees: dict, devices=None, layers: int = 2, batch=(8, 256), **optio
 
 def _gpu(degrees: dict, **options):
     """(step, state, batch, context) for a deviceless H100 mesh."""
-    gpu_target = pytest.importorskip("jaxsmp.plan.gpu_target")
-    pytest.importorskip("jax_cuda12_plugin", reason="the test extra installs jax-cuda12-plugin")
+    require_gpu_compiler()
+    from jaxsmp.plan import gpu_target
     step, state, batch, mesh = _setup(degrees, gpu_target.topology("H100-SXM"), **options)
     context = contextlib.ExitStack()
     context.enter_context(gpu_target.compiling_for("H100-SXM"))
