@@ -130,9 +130,12 @@ def _header(run: Run, peak: float, peak_source: str) -> None:
 
 
 def _compiled_steps(cfg: TrainConfig):
-    train_step = step(losses.causal_lm_loss, **dataclasses.asdict(cfg.step))
-    return train_step, eval_step(losses.causal_lm_loss, precision=cfg.step.precision,
-                                 context_parallel=cfg.step.context_parallel)
+    """The train and eval steps, both with every step option of the run: evaluation
+    holds the layers as training does (pipeline split), reads the same fp8 histories
+    and runs the same kernels and collectives."""
+    options = dataclasses.asdict(cfg.step)
+    return (step(losses.causal_lm_loss, **options),
+            eval_step(losses.causal_lm_loss, **options))
 
 
 def _call(train_step, state: TrainState, batch, first: bool):

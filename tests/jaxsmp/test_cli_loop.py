@@ -98,3 +98,17 @@ def test_an_fp8_run_resumes_with_its_amax_histories(cfg, tmp_path):
     second = run(parse_args([*argv, "--steps", "3", "--resume", "require"]))
     assert second.start_step == 2
     assert first.losses + second.losses == whole.losses  # bitwise
+
+
+def test_evaluation_runs_with_every_step_option_of_the_run(cfg):
+    """The eval step gets the train step's options: an fp8 run with a history other than
+    the default evaluates (the eval step had refused the state's histories), and the
+    step options of both are one."""
+    from jaxsmp.cli.loop import _compiled_steps
+    from jaxsmp.train.options import StepOptions
+    step = StepOptions(precision="fp8", fp8_history=8, remat="full")
+    fp8 = dataclasses.replace(cfg, steps=2, eval_every=2, step=step)
+    train_step, evaluate = _compiled_steps(fp8)
+    assert evaluate.options == train_step.options == step
+    result = run(fp8)
+    assert list(result.eval_losses) == [2]
