@@ -54,15 +54,19 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
         # gather each, which XLA drops when unused (see jaxsmp.train.embed_lookup)
         tables = {id(v) for v in jax.tree.leaves(params, is_leaf=is_var)
                   if not is_stacked(v) and is_lookup_table(v, sdp_dim)}
+        reduce = options.reduce_jnp_dtype
         top = gather_tree(params, dtype, collectives_name,
                           select=lambda v: not is_stacked(v) and id(v) not in tables,
-                          bucket=options.bucket)
-        top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables)
+                          bucket=options.bucket, reduce_dtype=reduce)
+        top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables,
+                          reduce_dtype=reduce)
         scan = functools.partial(
             zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
             branchless=mesh.shape["tp"] > 1,  # GSPMD's tp collectives sit inside a layer
-            gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket),
-            scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket))
+            gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket,
+                                         reduce_dtype=reduce),
+            scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket,
+                                              reduce))
         cp = mesh.shape["cp"]
         if cp > 1:
             scan = over_context(scan, mesh, cp, ("cp", "tp") if options.sequence_parallel

@@ -19,7 +19,7 @@ from jaxsmp.mesh import Mesh
 from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var
 from jaxsmp.sharding.rules import batch_spec
-from jaxsmp.train.param_gather import mesh_axes, sdp_dim
+from jaxsmp.train.param_gather import mesh_axes, sdp_dim, summed_in
 
 
 def manual_spec(axes: tuple, manual: tuple[str, ...]) -> P:
@@ -71,12 +71,19 @@ def vary_over_replicas(params: nnx.State, mesh: Mesh) -> nnx.State:
                         params, is_leaf=is_var)
 
 
-def sum_over_replicas(grads: nnx.State, mesh: Mesh) -> nnx.State:
-    """Gradients summed over the data replicas; fp8 amax observations (the cotangents
-    of :class:`~jaxsmp.nn.fp8.Fp8Meta` histories) take the maximum instead."""
+def sum_over_replicas(grads: nnx.State, mesh: Mesh, dtype=None) -> nnx.State:
+    """Gradients summed over the data replicas, in ``dtype`` (None: their own) and
+    returned in their own; fp8 amax observations (the cotangents of
+    :class:`~jaxsmp.nn.fp8.Fp8Meta` histories) take the maximum instead."""
     def reduce(g):
-        combine = jax.lax.pmax if isinstance(g, Fp8Meta) else jax.lax.psum
-        return g.replace(combine(g[...], _replica_axes(g, mesh)))
+        axes = _replica_axes(g, mesh)
+        if isinstance(g, Fp8Meta):
+            return g.replace(jax.lax.pmax(g[...], axes))
+        x = g[...]
+        if not axes or dtype is None or dtype == x.dtype:
+            return g.replace(jax.lax.psum(x, axes))
+        low = summed_in(lambda y: jax.lax.psum(y, axes), x.astype(dtype))
+        return g.replace(low.astype(x.dtype))
     return jax.tree.map(reduce, grads, is_leaf=is_var)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax.numpy as jnp
+
 from jaxsmp.checks import positive_int
 from jaxsmp.context import STRATEGIES
 from jaxsmp.mesh import check_collectives
@@ -23,6 +25,8 @@ def _check_partition(value) -> None:
 
 
 HEADS = ("auto", "last", "spread")
+# the dtype of the gradient reduce-scatter over sdp and all-reduce over the data replicas
+REDUCE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,11 @@ class StepOptions:
     which ``pp`` must divide) or ``auto`` (the faster on the same compiled costs;
     ``simple`` and ``virtual`` run the head on every stage). ``context_parallel``
     (needs cp > 1 when not ``auto``): how attention reaches the other ``cp`` devices'
-    tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`)."""
+    tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`).
+    ``reduce_dtype``: the dtype gradients travel in through the reduce-scatter over
+    ``sdp`` and the all-reduce over the data replicas, ``fp32`` or ``bf16`` (half the
+    bytes; reduced as the bf16 GEMMs wrote them); accumulation across microbatches and
+    the optimizer stay float32 (docs/zero3-memory.md)."""
     microbatches: int = 1
     precision: str = "fp32"
     fp8_history: int = 1024
@@ -69,6 +77,7 @@ class StepOptions:
     pipeline_partition: str | tuple[int, ...] = "auto"
     pipeline_head: str = "auto"
     context_parallel: str = "auto"
+    reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
@@ -107,8 +116,16 @@ class StepOptions:
         if self.sequence_parallel not in (True, False):
             raise ValueError(f"sequence_parallel must be True or False, "
                              f"got {self.sequence_parallel!r}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"unknown reduce_dtype {self.reduce_dtype!r}; valid: "
+                             f"{tuple(REDUCE_DTYPES)}")
         if self.bucket not in (True, False):
             raise ValueError(f"bucket must be True or False, got {self.bucket!r}")
+
+    @property
+    def reduce_jnp_dtype(self):
+        """``reduce_dtype`` as a JAX dtype."""
+        return REDUCE_DTYPES[self.reduce_dtype]
 
     def prefetches(self, platform: str) -> bool:
         """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...)."""

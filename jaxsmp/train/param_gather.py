@@ -4,9 +4,11 @@ Every parameter carries its resolved mesh axes in its ``mesh_axes`` metadata (se
 :func:`jaxsmp.init`). Inside the step's ``shard_map`` a parameter is a local float32
 ``sdp`` shard. :func:`gather_shards` casts shards to the compute dtype and all-gathers
 them along the dimension that names ``sdp``, under one custom VJP whose backward is the
-matching reduce-scatter, in float32: gradients are summed at full precision whatever
-the compute dtype (XLA:CPU also miscompiles bf16 reduce-scatters inside loops, jax
-0.10.2). Small parameters share one collective over a flat byte buffer (a bucket);
+matching reduce-scatter in the step's ``reduce_dtype``: float32 (gradients summed at
+full precision whatever the compute dtype: each layer's full gradient is converted to
+float32 first) or bfloat16 (the compute dtype's gradients reduced as the GEMMs wrote
+them, half the bytes, the reduced shard converted to float32; microbatches still
+accumulate in float32). Small parameters share one collective over a flat byte buffer (a bucket);
 a parameter alone is a bucket of one. Parameters split over ``tp`` are never
 flattened: a flat view of a ``tp``-split array would need the whole ``tp`` group's data.
 
@@ -88,11 +90,12 @@ def _scatter_list(grads: list[jax.Array], flat: bool, algorithm: str) -> list[ja
     return [collectives.reduce_scatter(g, "sdp", axis=0, algorithm=algorithm) for g in grads]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
 def gather_shards(shards: list[jax.Array], dims: tuple[int, ...], dtype, algorithm: str,
-                  flat: bool) -> list[jax.Array]:
+                  flat: bool, reduce_dtype=jnp.float32) -> list[jax.Array]:
     """``shards`` cast to ``dtype`` and all-gathered over sdp along ``dims``: with
-    ``flat`` one collective over their bytes, else one each.
+    ``flat`` one collective over their bytes, else one each; the gradient is the
+    reduce-scatter in ``reduce_dtype``.
 
     Collectives run over the leading dimension, where each rank's block is contiguous;
     the full array comes back as a transposed view that XLA folds into its consumer,
@@ -101,14 +104,28 @@ def gather_shards(shards: list[jax.Array], dims: tuple[int, ...], dtype, algorit
     return [jnp.moveaxis(x, 0, d) for x, d in zip(_gather_list(moved, flat, algorithm), dims)]
 
 
-def _gather_fwd(shards, dims, dtype, algorithm, flat):
-    return (gather_shards(shards, dims, dtype, algorithm, flat),
+def _gather_fwd(shards, dims, dtype, algorithm, flat, reduce_dtype=jnp.float32):
+    return (gather_shards(shards, dims, dtype, algorithm, flat, reduce_dtype),
             [jnp.zeros((0,), x.dtype) for x in shards])
 
 
-def _gather_bwd(dims, dtype, algorithm, flat, dtype_carriers, cotangents):
-    moved = [jnp.moveaxis(c.astype(jnp.float32), d, 0) for c, d in zip(cotangents, dims)]
-    summed = _scatter_list(moved, flat, algorithm)
+def summed_in(collective: Callable, x):
+    """``collective(x)``, a summing collective of an array or list of arrays, in their
+    dtypes. XLA:CPU sums a bf16
+    collective in float32 and rounds the result (its AllReducePromotion), and aborts
+    doing so inside a map manual over only some axes (jax 0.10.2, with tp): on CPU
+    meshes that arithmetic is written out here; elsewhere the collective runs as is."""
+    mesh = collectives.context.current().mesh
+    if (all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(x)) or mesh is None
+            or mesh.devices.flat[0].platform != "cpu"):
+        return collective(x)
+    summed = collective(jax.tree.map(lambda leaf: leaf.astype(jnp.float32), x))
+    return jax.tree.map(lambda s, leaf: s.astype(leaf.dtype), summed, x)
+
+
+def _gather_bwd(dims, dtype, algorithm, flat, reduce_dtype, dtype_carriers, cotangents):
+    moved = [jnp.moveaxis(c.astype(reduce_dtype), d, 0) for c, d in zip(cotangents, dims)]
+    summed = summed_in(lambda m: _scatter_list(m, flat, algorithm), moved)
     return ([jnp.moveaxis(s, 0, d).astype(c.dtype)
              for s, d, c in zip(summed, dims, dtype_carriers)],)
 
@@ -138,10 +155,11 @@ def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], li
 
 def gather_tree(state: nnx.State, dtype, algorithm: str,
                 select: Callable[[nnx.Variable], bool] = lambda v: True,
-                bucket: bool = False) -> nnx.State:
+                bucket: bool = False, reduce_dtype=jnp.float32) -> nnx.State:
     """The selected float parameters of ``state`` in ``dtype``, gathered over sdp: one
     collective each, or with ``bucket`` one for all that :func:`_bucketable` admits.
-    Differentiable: the gradient is :func:`scatter_tree`'s reduce-scatter."""
+    Differentiable: the gradient is :func:`scatter_tree`'s reduce-scatter (in
+    ``reduce_dtype``)."""
     variables, treedef = jax.tree.flatten(state, is_leaf=is_var)
     out = list(variables)
     cast, groups = _groups(variables, dtype, select, bucket)
@@ -150,8 +168,9 @@ def gather_tree(state: nnx.State, dtype, algorithm: str,
     for group in groups:
         dims = tuple(sdp_dim(variables[i]) for i in group)
         specs = [tp_spec(variables[i]) for i in group]
-        gather = _over_tp(lambda s: gather_shards(s, dims, dtype, algorithm, len(s) > 1),
-                          (specs,), specs)
+        gather = _over_tp(
+            lambda s: gather_shards(s, dims, dtype, algorithm, len(s) > 1, reduce_dtype),
+            (specs,), specs)
         full = gather([variables[i][...] for i in group])
         for i, value in zip(group, full):
             out[i] = variables[i].replace(value)
@@ -159,9 +178,9 @@ def gather_tree(state: nnx.State, dtype, algorithm: str,
 
 
 def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
-                 bucket: bool = False) -> nnx.State:
+                 bucket: bool = False, reduce_dtype=jnp.float32) -> nnx.State:
     """Gradients of :func:`gather_tree`'s output (``grads``, full size) reduced to the
-    parameter shards ``shards`` hold: float32 reduce-scatters over sdp, grouped as the
+    parameter shards ``shards`` hold: reduce-scatters over sdp in ``reduce_dtype``, grouped as the
     gather was, cast to the shards' dtypes (the transpose of ``gather_tree``, run by
     hand where the step writes the backward pass itself)."""
     variables, treedef = jax.tree.flatten(shards, is_leaf=is_var)
@@ -175,7 +194,8 @@ def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
         dims = tuple(sdp_dim(variables[i]) for i in group)
         specs = [tp_spec(variables[i]) for i in group]
         scatter = _over_tp(
-            lambda shards, g: _gather_bwd(dims, dtype, algorithm, len(g) > 1, shards, g)[0],
+            lambda shards, g: _gather_bwd(dims, dtype, algorithm, len(g) > 1, reduce_dtype,
+                                          shards, g)[0],
             (specs, specs), specs)
         summed = scatter([variables[i][...] for i in group], [values[i] for i in group])
         for i, value in zip(group, summed):

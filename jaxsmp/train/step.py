@@ -195,7 +195,7 @@ class TrainStep(_Step):
                          and plan.microbatches > 1 else plan.gradients)
             grads, loss, metrics = gradients(forward, params, batch, scale / mesh.data_size,
                                              branchless=mesh.tp > 1 or mesh.cp > 1)
-            return (manual.sum_over_replicas(grads, mesh),
+            return (manual.sum_over_replicas(grads, mesh, self.options.reduce_jnp_dtype),
                     *manual.mean_over_data((loss, metrics), mesh))
 
         staged = plan.to_stages(state.params)

@@ -7,7 +7,8 @@ import pytest
 
 import jaxsmp
 import hlo
-from conftest import leaves, train
+from conftest import (assert_gradients_match, gradients, leaves, single_device_mesh,
+                      train)
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.precision import LossScale
 
@@ -63,6 +64,21 @@ def test_bf16_matmuls_are_in_the_compiled_step(tiny_config, tokens, precision):
     dots = hlo.dot_input_dtypes(text)
     assert dots
     assert all(("bf16" in d) == (precision == "bf16") for d in dots), dots
+
+
+@pytest.mark.parametrize("degrees", [dict(sdp=8), dict(dp=2, sdp=2, tp=2)],
+                         ids=["sdp8", "dp2-sdp2-tp2"])
+def test_bf16_gradient_reduction_matches_one_device_within_bf16_rounding(tiny_config, tokens,
+                                                                         degrees):
+    # reduce_dtype="bf16": the gradients travel through the reduce-scatter (and the dp
+    # all-reduce) in bfloat16: within 1e-2 of the single-device float32 gradients, where
+    # float32 reduction keeps 1e-5 (conftest), and visibly rounded
+    want = gradients(tiny_config, single_device_mesh(), tokens, microbatches=2)
+    got = gradients(tiny_config, jaxsmp.Mesh(**degrees), tokens, microbatches=2,
+                    reduce_dtype="bf16")
+    assert_gradients_match(got, want, rtol=1e-2)
+    with pytest.raises(AssertionError, match="gradient of parameter"):
+        assert_gradients_match(got, want)
 
 
 def test_fp16_overflow_skips_the_step_and_keeps_parameters(tiny_config, tokens):
@@ -138,6 +154,8 @@ def test_bad_step_options():
             jaxsmp.step(causal_lm_loss, clip_norm=bad)
     with pytest.raises(ValueError, match=r"unknown collectives algorithm 'nccl'; valid: "):
         jaxsmp.step(causal_lm_loss, collectives="nccl")
+    with pytest.raises(ValueError, match=r"unknown reduce_dtype 'fp16'; valid: \('fp32', 'bf16'\)"):
+        jaxsmp.step(causal_lm_loss, reduce_dtype="fp16")
 
 
 @pytest.mark.parametrize("tokens_fn, match", [
