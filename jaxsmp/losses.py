@@ -26,6 +26,18 @@ def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
     return cross_entropy(logits[:, :-1], tokens[:, 1:])
 
 
-def causal_lm_loss(model, batch: dict) -> jax.Array:
-    """The trainer's loss: :func:`next_token_loss` of ``model(batch["tokens"])``."""
-    return next_token_loss(model(batch["tokens"]), batch["tokens"])
+def causal_lm_loss(model, batch: dict) -> jax.Array | tuple[jax.Array, dict]:
+    """The trainer's loss: :func:`next_token_loss` of ``model(batch["tokens"])``. A
+    mixture-of-experts model (one with ``with_router_losses``, Mixtral) adds its
+    load-balancing and z losses times their config coefficients and returns
+    ``(loss, metrics)``: ``lm_loss``, ``aux_loss``, ``z_loss``, ``dropped_tokens`` and
+    ``expert_load`` (``[layers, experts]``, each layer's share of assignments per expert)."""
+    tokens = batch["tokens"]
+    if not hasattr(model, "with_router_losses"):
+        return next_token_loss(model(tokens), tokens)
+    logits, router = model.with_router_losses(tokens)
+    lm = next_token_loss(logits, tokens)
+    cfg = model.cfg
+    loss = (lm + cfg.router_aux_loss_coef * router["aux_loss"]
+            + cfg.router_z_loss_coef * router["z_loss"])
+    return loss, {"lm_loss": lm, **router}

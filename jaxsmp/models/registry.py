@@ -7,12 +7,13 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxsmp.models import bloom, gpt_neox, llama
+from jaxsmp.models import bloom, gpt_neox, llama, mixtral
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_neox": gpt_neox.PRESETS,
     "bloom": bloom.PRESETS,
     "llama": llama.PRESETS,
+    "mixtral": mixtral.PRESETS,
 }
 
 

@@ -121,7 +121,7 @@ class PipelinePlan:
 
         zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
         grads, (losses, metrics) = jax.lax.scan(micro, zeros, split_microbatches(batch, m))
-        return grads, losses.mean(), jax.tree.map(jnp.mean, metrics)
+        return grads, losses.mean(), jax.tree.map(lambda x: x.mean(0), metrics)
 
     def evaluate(self, forward: Forward, params: nnx.State, batch: Any):
         """(loss, metrics) of a forward pass; ``params`` in the stage layout

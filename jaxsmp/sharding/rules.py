@@ -29,6 +29,7 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "kv_heads": "tp",    # grouped key/value heads
     "mlp": "tp",         # MLP hidden: column-parallel in, row-parallel out
     "vocab": "tp",       # vocabulary-parallel embedding and head
+    "experts": None,     # mixture-of-experts experts (no ep axis yet; ZeRO-3 over sdp applies)
     "head_dim": None,
     "norm": None,
 }

@@ -128,7 +128,7 @@ def microbatch_gradients(plan, forward, params: nnx.State, batch: Any, coef, **k
 
     zeros = jax.tree.map(lambda x: jnp.zeros_like(x, jnp.float32), params)
     grads, (losses, metrics) = jax.lax.scan(micro, zeros, split_microbatches(batch, m))
-    return grads, losses.mean(), jax.tree.map(jnp.mean, metrics)
+    return grads, losses.mean(), jax.tree.map(lambda x: x.mean(0), metrics)
 
 
 def check_fp8(mesh, options) -> None:
