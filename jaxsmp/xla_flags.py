@@ -88,6 +88,18 @@ def apply(layer_bytes: int = DEFAULT_LAYER_BYTES,
     return added
 
 
+PIPELINED = ("--xla_gpu_enable_pipelined_all_gather", "--xla_gpu_enable_pipelined_reduce_scatter")
+
+
+def pipelines_collectives(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``XLA_FLAGS`` (default ``os.environ``'s) switch on XLA:GPU's pipelined
+    all-gather and reduce-scatter: XLA then issues a loop's next-iteration gather and
+    finishes its reduce-scatter beside the compute itself."""
+    env = os.environ if env is None else env
+    flags = dict(f.split("=", 1) for f in env.get("XLA_FLAGS", "").split() if "=" in f)
+    return all(flags.get(name, "").lower() in ("true", "1") for name in PIPELINED)
+
+
 def wanted(env: Mapping[str, str] | None = None, gpu: bool | None = None) -> bool:
     """Whether :func:`apply` would set flags: on a GPU and not opted out."""
     env = os.environ if env is None else env

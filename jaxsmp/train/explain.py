@@ -154,9 +154,11 @@ def explain_step(step, state, batch, body: Callable[[Any, Any], Any]) -> Explana
     precision, gemms = _precision(options, state)
     platform = mesh.jax_mesh.devices.flat[0].platform
     prefetch = options.prefetches(platform)
-    prefetch_why = None if options.prefetch is not None else (
-        f"{platform}: " + ("collectives run beside compute" if prefetch else
-                           "XLA runs collectives in line, so prefetching would only cost memory"))
+    prefetch_why = None if options.prefetch is not None else f"{platform}: " + (
+        "collectives run beside compute" if prefetch else
+        "XLA pipelines the layer loop's gathers and reduce-scatters itself (XLA_FLAGS)"
+        if platform in ("gpu", "cuda") else
+        "XLA runs collectives in line, so prefetching would only cost memory")
     cp = Choice("none (cp=1)") if mesh.cp == 1 else _one(notes, "context_parallel",
                                                          Choice("none traced"))
     return Explanation(

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
+from jaxsmp import xla_flags
 from jaxsmp.checks import positive_int
 from jaxsmp.context import STRATEGIES
 from jaxsmp.mesh import check_collectives
@@ -40,9 +41,9 @@ class StepOptions:
     mesh's). ``bucket``: gather each layer's parameters with one collective over
     one flat buffer instead of one per parameter. ``prefetch``: gather the next layer
     while one computes, and reduce-scatter a layer's gradient while the next one's
-    backward runs; ``None`` (default): on where collectives run beside compute (GPU),
-    off elsewhere (XLA:CPU runs them in line, so prefetch would only cost memory;
-    docs/benchmarks.md).
+    backward runs; ``None`` (default): on where collectives run beside compute (GPU)
+    and XLA does not pipeline them itself (:meth:`prefetches`), off elsewhere (XLA:CPU
+    runs them in line, so prefetch would only cost memory; docs/benchmarks.md).
     ``sequence_parallel`` (needs tp > 1): Megatron sequence parallelism, activations
     between the tensor-parallel matmuls split over tp on the sequence
     (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
@@ -128,5 +129,10 @@ class StepOptions:
         return REDUCE_DTYPES[self.reduce_dtype]
 
     def prefetches(self, platform: str) -> bool:
-        """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...)."""
-        return self.prefetch if self.prefetch is not None else platform in ("gpu", "cuda")
+        """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...):
+        ``None`` prefetches on GPUs unless XLA pipelines the layer loop's gathers and
+        reduce-scatters itself (its flags, which jaxsmp sets on GPUs): both at once
+        would hold a second prefetched layer (docs/zero3-memory.md)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return platform in ("gpu", "cuda") and not xla_flags.pipelines_collectives()

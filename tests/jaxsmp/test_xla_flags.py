@@ -58,3 +58,18 @@ def test_nothing_is_set_when_opted_out_off_gpu_or_after_the_backend_started(monk
     assert xla_flags.apply(env={}, gpu=True) == []
     with pytest.raises(ValueError, match=r"JAXSMP_XLA_FLAGS='yes': use 0 .* or 1"):
         xla_flags.wanted({xla_flags.OPT_OUT: "yes"}, gpu=True)
+
+
+def test_prefetch_defaults_off_on_gpus_only_where_xla_pipelines_the_layer_collectives(
+        monkeypatch):
+    # jaxsmp's own prefetch on top of XLA's pipelined gathers held a second prefetched
+    # layer: 3915 against 2435 MiB of temporaries (docs/benchmarks.md, 8 x H100)
+    from jaxsmp.train.options import StepOptions
+    monkeypatch.setenv("XLA_FLAGS", " ".join(xla_flags.overlap_flags()))
+    assert xla_flags.pipelines_collectives()
+    assert not StepOptions().prefetches("gpu") and StepOptions(prefetch=True).prefetches("gpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_pipelined_all_gather=true "
+                                    "--xla_gpu_enable_pipelined_reduce_scatter=false")
+    assert StepOptions().prefetches("gpu") and not StepOptions().prefetches("cpu")
+    monkeypatch.delenv("XLA_FLAGS")
+    assert StepOptions().prefetches("cuda")
