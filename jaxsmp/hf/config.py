@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` <-> jaxsmp model configs (GPT-NeoX, Bloom, Llama)."""
+"""Hugging Face ``config.json`` <-> jaxsmp model configs (GPT-NeoX, Bloom, Llama, Mixtral)."""
 from __future__ import annotations
 
 import json
@@ -9,14 +9,16 @@ from jaxsmp.models.bloom import BloomConfig
 from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.models.gpt_neox import GPTNeoXConfig
 from jaxsmp.models.llama import LlamaConfig
+from jaxsmp.models.mixtral import MixtralConfig
 
 ARCHITECTURES = {"gpt_neox": "GPTNeoXForCausalLM", "bloom": "BloomForCausalLM",
-                 "llama": "LlamaForCausalLM"}
-CONFIG_TYPES = {GPTNeoXConfig: "gpt_neox", BloomConfig: "bloom", LlamaConfig: "llama"}
+                 "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM"}
+CONFIG_TYPES = {GPTNeoXConfig: "gpt_neox", BloomConfig: "bloom", LlamaConfig: "llama",
+                MixtralConfig: "mixtral"}
 
 
 def family_of(config: ModelConfig) -> str:
-    """The model family ("gpt_neox", "bloom", "llama") of a jaxsmp config."""
+    """The model family ("gpt_neox", "bloom", "llama", "mixtral") of a jaxsmp config."""
     if type(config) not in CONFIG_TYPES:
         raise ValueError(f"no Hugging Face mapping for {type(config).__name__}; "
                          f"supported: {[t.__name__ for t in CONFIG_TYPES]}")
@@ -107,7 +109,33 @@ def _llama(hf: dict) -> LlamaConfig:
     return cfg
 
 
-_FROM_HF = {"gpt_neox": _gpt_neox, "bloom": _bloom, "llama": _llama}
+def _mixtral(hf: dict) -> MixtralConfig:
+    """``output_router_logits`` and ``router_jitter_noise`` are HF runtime switches:
+    jaxsmp's trainer always adds the weighted router losses and has no jitter."""
+    _require(hf, "hidden_act", ("silu",), "mixtral")
+    _require(hf, "sliding_window", (None,), "mixtral")
+    _require(hf, "router_jitter_noise", (0, 0.0), "mixtral")
+    rope = _rope(hf, "mixtral")
+    cfg = MixtralConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        num_key_value_heads=hf.get("num_key_value_heads"),
+        num_local_experts=hf["num_local_experts"],
+        num_experts_per_tok=hf["num_experts_per_tok"],
+        router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.001),
+        max_position_embeddings=hf.get("max_position_embeddings", 4096 * 32),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+        rope_theta=rope.get("rope_theta", hf.get("rope_theta", 1e6)),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False))
+    if hf.get("head_dim") not in (None, cfg.head_dim):
+        raise ValueError(f"mixtral checkpoint has head_dim={hf['head_dim']}, but jaxsmp "
+                         f"needs hidden_size / num_attention_heads = {cfg.head_dim}")
+    return cfg
+
+
+_FROM_HF = {"gpt_neox": _gpt_neox, "bloom": _bloom, "llama": _llama, "mixtral": _mixtral}
 
 
 def from_hf_config(hf: dict[str, Any]) -> tuple[str, ModelConfig]:
@@ -160,6 +188,25 @@ def to_hf_config(config: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
                 "apply_residual_connection_post_layernorm":
                     config.apply_residual_connection_post_layernorm,
                 "tie_word_embeddings": True}
+    if family == "mixtral":
+        for field, plain in (("capacity_factor", None), ("attention_bias", False)):
+            if getattr(config, field) != plain:
+                raise ValueError(f"mixtral {field}={getattr(config, field)!r} has no "
+                                 f"Hugging Face equivalent; export needs {field}={plain}")
+        return {**common, "num_hidden_layers": config.num_hidden_layers,
+                "num_attention_heads": config.num_attention_heads,
+                "num_key_value_heads": config.kv_heads, "head_dim": config.head_dim,
+                "intermediate_size": config.intermediate_size, "hidden_act": "silu",
+                "num_local_experts": config.num_local_experts,
+                "num_experts_per_tok": config.num_experts_per_tok,
+                "router_aux_loss_coef": config.router_aux_loss_coef,
+                "output_router_logits": False, "router_jitter_noise": 0.0,
+                "sliding_window": None,
+                "max_position_embeddings": config.max_position_embeddings,
+                "rms_norm_eps": config.rms_norm_eps,
+                "tie_word_embeddings": config.tie_word_embeddings,
+                "rope_parameters": _rope_dict(config.rope_theta),
+                "rope_theta": config.rope_theta}
     return {**common, "num_hidden_layers": config.num_hidden_layers,
             "num_attention_heads": config.num_attention_heads,
             "num_key_value_heads": config.kv_heads, "head_dim": config.head_dim,

@@ -7,6 +7,7 @@ checkpoints larger than host memory load.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -25,20 +26,14 @@ from jaxsmp.train.precision import LossScale
 from jaxsmp.train.state import TrainState, abstract_params, state_shardings
 
 
-def _expected_hf_shape(m: TensorMap, shape: tuple[int, ...]) -> tuple[int, ...]:
-    per_layer = shape[1:] if m.stacked else shape
-    return tuple(reversed(per_layer)) if m.transpose else tuple(per_layer)
-
-
 def check_tensors(ckpt: Checkpoint, config: ModelConfig, maps: Mapping[tuple, TensorMap],
                   shapes: Mapping[tuple, tuple[int, ...]]) -> None:
     """Every expected tensor exists with the expected shape; no unknown tensor is left."""
     expected: set[str] = set()
     for path, m in maps.items():
-        layers = range(shapes[path][0]) if m.stacked else [None]
-        want = _expected_hf_shape(m, shapes[path])
-        for layer in layers:
-            name = m.hf_name(layer)
+        want = m.hf_shape(shapes[path])
+        for idx in m.indices(shapes[path]):
+            name = m.hf_name(*idx)
             expected.add(name)
             if name not in ckpt:
                 raise KeyError(f"tensor {name!r} (for jaxsmp parameter {'/'.join(path)}) "
@@ -57,20 +52,21 @@ def read_shard(ckpt: Checkpoint, m: TensorMap, index: tuple[slice, ...],
                shape: tuple[int, ...], dtype) -> np.ndarray:
     """The part ``index`` of a jaxsmp parameter of global ``shape``, from the HF tensor(s)."""
     index = tuple(index) + (slice(None),) * (len(shape) - len(index))
-    layer_index, inner = (index[0], index[1:]) if m.stacked else (None, index)
+    lead = len(m.keys)
+    inner = index[lead:]
     hf_index = tuple(reversed(inner)) if m.transpose else inner
 
-    def one(layer: int | None) -> np.ndarray:
-        part = ckpt.read(m.hf_name(layer), hf_index)
+    def one(*idx: int) -> np.ndarray:
+        part = ckpt.read(m.hf_name(*idx), hf_index)
         return (part.T if m.transpose else part).astype(dtype)
 
-    if not m.stacked:
-        return one(None)
-    layers = range(*layer_index.indices(shape[0]))
-    out = np.empty((len(layers),) + tuple(len(range(*s.indices(n)))
-                                         for s, n in zip(inner, shape[1:])), dtype)
-    for i, layer in enumerate(layers):
-        out[i] = one(layer)
+    if not lead:
+        return one()
+    ranges = [range(*s.indices(n)) for s, n in zip(index[:lead], shape[:lead])]
+    out = np.empty(tuple(map(len, ranges)) + tuple(len(range(*s.indices(n)))
+                                                  for s, n in zip(inner, shape[lead:])), dtype)
+    for pos in itertools.product(*(list(enumerate(r)) for r in ranges)):
+        out[tuple(p[0] for p in pos)] = one(*(p[1] for p in pos))
     return out
 
 

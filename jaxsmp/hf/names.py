@@ -9,6 +9,7 @@ so no tensor is permuted.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -20,7 +21,8 @@ Path = tuple[str, ...]
 
 @dataclass(frozen=True)
 class TensorMap:
-    """jaxsmp parameter ``path`` <- HF tensor ``hf`` (``{i}``: one per stacked layer)."""
+    """jaxsmp parameter ``path`` <- HF tensor ``hf`` (``{i}``: one per stacked layer;
+    ``{e}``: one per expert, the axis after the layers')."""
     path: Path
     hf: str
     transpose: bool = False
@@ -29,8 +31,24 @@ class TensorMap:
     def stacked(self) -> bool:
         return "{i}" in self.hf
 
-    def hf_name(self, layer: int | None = None) -> str:
-        return self.hf.format(i=layer) if self.stacked else self.hf
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The leading parameter axes with one HF tensor per index, in order."""
+        return tuple(k for k in ("i", "e") if "{" + k + "}" in self.hf)
+
+    def hf_name(self, *index: int) -> str:
+        """The HF tensor of ``index`` (one int per :attr:`keys`)."""
+        return self.hf.format(**dict(zip(self.keys, index)))
+
+    def indices(self, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Every index of the leading :attr:`keys` axes of a parameter of ``shape``, one
+        HF tensor each, in order; ``[()]`` for a single tensor."""
+        return list(itertools.product(*(range(n) for n in shape[:len(self.keys)])))
+
+    def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of each HF tensor of a parameter of ``shape``."""
+        per_tensor = tuple(shape[len(self.keys):])
+        return tuple(reversed(per_tensor)) if self.transpose else per_tensor
 
 
 def _linear(path: Path, hf: str, bias: bool = True) -> list[TensorMap]:
@@ -87,14 +105,37 @@ def _llama(cfg) -> list[TensorMap]:
     return maps
 
 
-_TABLES = {"gpt_neox": _gpt_neox, "bloom": _bloom, "llama": _llama}
+def _mixtral(cfg) -> list[TensorMap]:
+    """The layout ``save_pretrained`` writes (transformers 5 fuses w1/w3 in memory only):
+    per expert ``w1`` (gate), ``w3`` (up) ``[ffn, hidden]`` and ``w2`` (down)."""
+    layer, hf = ("layers", "layers"), "model.layers.{i}"
+    moe, experts = layer + ("block_sparse_moe",), hf + ".block_sparse_moe.experts.{e}"
+    maps = [TensorMap(("embed_tokens", "embedding"), "model.embed_tokens.weight"),
+            *_norm(layer + ("input_layernorm",), hf + ".input_layernorm", bias=False),
+            *[m for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+              for m in _linear(layer + ("self_attn", p), f"{hf}.self_attn.{p}",
+                               cfg.attention_bias)],
+            *_norm(layer + ("post_attention_layernorm",), hf + ".post_attention_layernorm",
+                   bias=False),
+            *_linear(moe + ("gate",), hf + ".block_sparse_moe.gate", bias=False),
+            TensorMap(moe + ("gate_proj",), experts + ".w1.weight", transpose=True),
+            TensorMap(moe + ("up_proj",), experts + ".w3.weight", transpose=True),
+            TensorMap(moe + ("down_proj",), experts + ".w2.weight", transpose=True),
+            *_norm(("norm",), "model.norm", bias=False)]
+    if not cfg.tie_word_embeddings:
+        maps.append(TensorMap(("lm_head", "kernel"), "lm_head.weight", transpose=True))
+    return maps
+
+
+_TABLES = {"gpt_neox": _gpt_neox, "bloom": _bloom, "llama": _llama, "mixtral": _mixtral}
 # The prefix of the base model's tensors (absent in checkpoints of the base model alone).
-BASE_PREFIX = {"gpt_neox": "gpt_neox.", "bloom": "transformer.", "llama": "model."}
+BASE_PREFIX = {"gpt_neox": "gpt_neox.", "bloom": "transformer.", "llama": "model.",
+               "mixtral": "model."}
 # Tensors that checkpoints may carry but that hold no parameter: rotary and mask
 # buffers of older exports, and a tied head stored next to its embedding.
 _IGNORED = {"gpt_neox": r"(rotary_emb\.inv_freq|attention\.bias|attention\.masked_bias)$",
             "bloom": r"^lm_head\.weight$",
-            "llama": r"rotary_emb\.inv_freq$"}
+            "llama": r"rotary_emb\.inv_freq$", "mixtral": r"rotary_emb\.inv_freq$"}
 
 
 def tensor_maps(config: ModelConfig) -> list[TensorMap]:
@@ -105,6 +146,6 @@ def tensor_maps(config: ModelConfig) -> list[TensorMap]:
 def ignorable(config: ModelConfig, name: str) -> bool:
     """Whether an HF tensor that maps to no parameter may be skipped on import."""
     family = family_of(config)
-    if family == "llama" and config.tie_word_embeddings and name == "lm_head.weight":
+    if family in ("llama", "mixtral") and config.tie_word_embeddings and name == "lm_head.weight":
         return True
     return re.search(_IGNORED[family], name) is not None

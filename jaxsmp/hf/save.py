@@ -23,7 +23,7 @@ from jaxsmp.hf.names import TensorMap, tensor_maps
 from jaxsmp.nn.param import is_var, variables_by_path
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-Entry = tuple[str, TensorMap, int | None, tuple[int, ...]]
+Entry = tuple[str, TensorMap, tuple[int, ...], tuple[int, ...]]
 
 
 def _params_by_path(params: nnx.State | nnx.Module) -> dict[tuple[str, ...], jax.Array]:
@@ -33,16 +33,15 @@ def _params_by_path(params: nnx.State | nnx.Module) -> dict[tuple[str, ...], jax
 
 
 def _entries(config: ModelConfig, arrays: dict) -> list[Entry]:
-    """(HF name, map, layer, HF shape) for every tensor to write."""
+    """(HF name, map, leading index (layer, expert), HF shape) for every tensor to write."""
     out = []
     for m in tensor_maps(config):
         if m.path not in arrays:
             raise KeyError(f"parameter {'/'.join(m.path)} (HF {m.hf!r}) is missing")
-        shape = arrays[m.path].shape
-        per_layer = shape[1:] if m.stacked else shape
-        hf_shape = tuple(reversed(per_layer)) if m.transpose else tuple(per_layer)
-        for layer in (range(shape[0]) if m.stacked else [None]):
-            out.append((m.hf_name(layer), m, layer, hf_shape))
+        shape = tuple(arrays[m.path].shape)
+        hf_shape = m.hf_shape(shape)
+        for idx in m.indices(shape):
+            out.append((m.hf_name(*idx), m, idx, hf_shape))
     return out
 
 
@@ -67,8 +66,10 @@ def _layer(array: jax.Array, layer: jax.Array) -> jax.Array:
     return jax.lax.dynamic_index_in_dim(array, layer, keepdims=False)
 
 
-def _fetch(array: jax.Array, m: TensorMap, layer: int | None, dtype) -> np.ndarray:
-    value = np.asarray(jax.device_get(_layer(array, layer) if m.stacked else array))
+def _fetch(array: jax.Array, m: TensorMap, index: tuple[int, ...], dtype) -> np.ndarray:
+    for i in index:  # the layer, then the expert
+        array = _layer(array, i)
+    value = np.asarray(jax.device_get(array))
     return np.ascontiguousarray(value.T if m.transpose else value).astype(dtype)
 
 
@@ -87,8 +88,8 @@ def save_checkpoint(params: nnx.State | nnx.Module, config: ModelConfig, path: s
              [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
     weight_map, total = {}, 0
     for name, entries in zip(names, files):
-        tensors = {hf: _fetch(arrays[m.path], m, layer, np_dtype)
-                   for hf, m, layer, _ in entries}
+        tensors = {hf: _fetch(arrays[m.path], m, idx, np_dtype)
+                   for hf, m, idx, _ in entries}
         total += sum(t.nbytes for t in tensors.values())
         save_file(tensors, root / name, metadata={"format": "pt"})
         weight_map.update({hf: name for hf in tensors})

@@ -19,6 +19,12 @@ def hf_config(family: str, **overrides):
     elif family == "bloom":
         cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS,
                                        n_head=HEADS)
+    elif family == "mixtral":  # GQA, 4 experts, top-2
+        cfg = transformers.MixtralConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS, num_key_value_heads=2, intermediate_size=96,
+            num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+            rms_norm_eps=1e-5)
     else:
         cfg = transformers.LlamaConfig(
             vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
@@ -30,7 +36,7 @@ def hf_config(family: str, **overrides):
 
 
 CLASSES = {"gpt_neox": "GPTNeoXForCausalLM", "bloom": "BloomForCausalLM",
-           "llama": "LlamaForCausalLM"}
+           "llama": "LlamaForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def hf_model(family: str, seed: int = 0, **overrides):

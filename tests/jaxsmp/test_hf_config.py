@@ -7,7 +7,7 @@ from jaxsmp import hf
 from jaxsmp.models import FAMILIES, preset
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "bloom", "llama"])
+@pytest.mark.parametrize("family", ["gpt_neox", "bloom", "llama", "mixtral"])
 def test_round_trip_of_every_preset(family):
     for name in FAMILIES[family]:
         cfg = preset(family, name)
@@ -66,3 +66,16 @@ def test_missing_field_names_the_field_and_the_file(tmp_path, family, missing):
     with pytest.raises(ValueError, match=rf"config.json: {family} config is missing the "
                                          rf"required field '{missing}'"):
         hf.load_config(tmp_path)
+
+
+@pytest.mark.parametrize("change", [dict(capacity_factor=1.25), dict(attention_bias=True)])
+def test_mixtral_export_refuses_what_hf_cannot_express(change):
+    key = next(iter(change))
+    with pytest.raises(ValueError, match=f"mixtral {key}=.* has no Hugging Face"):
+        hf.to_hf_config(preset("mixtral", "tiny", **change))
+
+
+def test_mixtral_sliding_window_is_rejected():
+    cfg = hf.to_hf_config(preset("mixtral", "tiny"))
+    with pytest.raises(ValueError, match="sliding_window=4096"):
+        hf.from_hf_config({**cfg, "sliding_window": 4096})

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hf_models import hf_logits_and_loss, hf_model, transformers
+from hf_models import hf_logits_and_loss, hf_model, torch, transformers
 
 import jaxsmp
 from jaxsmp import hf, losses
 
-FAMILIES = ["gpt_neox", "bloom", "llama"]
+FAMILIES = ["gpt_neox", "bloom", "llama", "mixtral"]
 ATOL = RTOL = 1e-4
 
 
@@ -91,3 +91,26 @@ def test_architecture_variants_match(family, variant, tokens, tmp_path):
     got = _logits(graphdef, params, tokens)
     np.testing.assert_allclose(got, want_logits, atol=ATOL, rtol=RTOL)
     assert abs(float(losses.next_token_loss(got, tokens)) - want_loss) < 1e-5
+
+
+def test_mixtral_import_and_export_on_one_device(tokens, tmp_path):
+    """GQA, 4 experts, top-2: logits, loss and the load-balancing loss equal
+    transformers' (its ``aux_loss`` with ``output_router_logits``); the export reloads."""
+    model = hf_model("mixtral", seed=8)
+    model.save_pretrained(tmp_path / "hf")
+    want_logits, want_loss = hf_logits_and_loss(model, tokens)
+    mesh = jaxsmp.Mesh(sdp=1, devices=jax.devices()[:1])
+    config, graphdef, params = hf.load_params(tmp_path / "hf", mesh)
+    assert (config.num_local_experts, config.num_experts_per_tok, config.kv_heads) == (4, 2, 2)
+    logits, router = jax.jit(lambda p, t: nnx.merge(graphdef, p).with_router_losses(t))(
+        params, tokens)
+    np.testing.assert_allclose(np.asarray(logits), want_logits, atol=ATOL, rtol=RTOL)
+    assert abs(float(losses.next_token_loss(logits, tokens)) - want_loss) < 1e-5
+    with torch.no_grad():
+        hf_aux = float(model(input_ids=torch.as_tensor(tokens, dtype=torch.long),
+                             output_router_logits=True).aux_loss)
+    np.testing.assert_allclose(float(router["aux_loss"]), hf_aux, rtol=1e-5)
+    hf.save_checkpoint(params, config, tmp_path / "out")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    np.testing.assert_allclose(hf_logits_and_loss(reloaded, tokens)[0], want_logits,
+                               atol=ATOL, rtol=RTOL)
