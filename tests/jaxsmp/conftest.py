@@ -87,11 +87,13 @@ def sgd_update(config, mesh: jaxsmp.Mesh, tokens: np.ndarray,
                loss=jaxsmp.losses.causal_lm_loss, **step_options):
     """(every trainable parameter's ``(before - after) / SGD_LR`` after one full step,
     update applied, run as users run it: ``state, metrics = step(state, batch)``;
-    metrics). With plain SGD this is the step's gradient, as the optimizer saw it."""
+    metrics). With plain SGD and no clipping (the default clip_norm=1 would scale every
+    error away with the gradient's norm) this is the step's gradient, as applied."""
     from jaxsmp.train.fp8_state import trainable
     state = jaxsmp.init(config.build, optax.sgd(SGD_LR), mesh, seed=0)
     before = [np.asarray(x) for x in jax.tree.leaves(trainable(state.params))]
-    state, metrics = jaxsmp.step(loss, **step_options)(state, {"tokens": tokens})  # donated
+    step = jaxsmp.step(loss, **{"clip_norm": None, **step_options})
+    state, metrics = step(state, {"tokens": tokens})  # donated
     after = [np.asarray(x) for x in jax.tree.leaves(trainable(state.params))]
     assert int(state.step) == 1
     return ([(b - a) / SGD_LR for b, a in zip(before, after)],
