@@ -18,7 +18,7 @@ def _f(default, section: str, help: str | None = None):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = _f("gpt_neox", "model", "model family: gpt_neox, bloom, llama")
+    model: str = _f("gpt_neox", "model", "model family: gpt_neox, bloom, llama, mixtral")
     preset: str = _f("tiny", "model", "model size preset, e.g. tiny, 125m, 1.3b, 20b")
     vocab_size: int | None = _f(None, "model", "model vocabulary (default: the preset's, "
                                 "or the tokenizer's rounded up to a multiple of 128 if larger)")

@@ -19,7 +19,7 @@ from jaxsmp.cli.config import ConfigError, TrainConfig, flat
 from jaxsmp.cli.config_file import save_config
 from jaxsmp.cli.preemption import Preempted, StopSignals
 from jaxsmp.cli.profile import StepProfiler
-from jaxsmp.cli.report import Reporter, Throughput, step_values
+from jaxsmp.cli.report import Reporter, Throughput, histogram_values, step_values
 from jaxsmp.data.loader import Prefetcher, device_batch
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
 from jaxsmp.metrics.logger import MetricsLogger
@@ -191,6 +191,8 @@ def _train(run: Run, history: History, stack: ExitStack) -> None:
         values = step_values(metrics, time.perf_counter() - start, rate)
         profiler.after(done, run.state)
         _record(run, history, done, {**values, "data_seconds": waited})
+        if run.logger is not None and histogram_values(metrics):
+            run.logger.log_histograms(done, "train", histogram_values(metrics))
         if run.data.eval is not None and (done % cfg.eval_every == 0 or done == cfg.steps):
             run.evaluate(evaluate, done, history)
         run.save()

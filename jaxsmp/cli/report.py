@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from jaxsmp.cli.config import TrainConfig
@@ -27,11 +28,22 @@ def step_values(metrics: dict, seconds: float, rate: Throughput) -> dict[str, fl
     get = lambda k: float(to_host(metrics[k])) if k in metrics else None  # noqa: E731
     tokens_per_second = rate.tokens_per_step / seconds
     flops = tokens_per_second * rate.flops_per_token / rate.devices
-    return {"loss": get("loss"), "learning_rate": get("learning_rate"),
-            "grad_norm": get("grad_norm"), "loss_scale": get("loss_scale"),
-            "tokens_per_second": tokens_per_second, "tflops_per_device": flops / 1e12,
-            "mfu": flops / rate.peak_flops, "step_seconds": seconds,
-            "memory_bytes": device_memory_in_use()}
+    values = {"loss": get("loss"), "learning_rate": get("learning_rate"),
+              "grad_norm": get("grad_norm"), "loss_scale": get("loss_scale"),
+              "tokens_per_second": tokens_per_second, "tflops_per_device": flops / 1e12,
+              "mfu": flops / rate.peak_flops, "step_seconds": seconds,
+              "memory_bytes": device_memory_in_use()}
+    # the loss function's own scalars (a mixture of experts': lm_loss, aux_loss, ...)
+    return {**values, **{k: get(k) for k in sorted(LOSS_METRICS) if k in metrics}}
+
+
+LOSS_METRICS = ("lm_loss", "aux_loss", "z_loss", "dropped_tokens")
+HISTOGRAM_METRICS = ("expert_load",)  # [layers, experts]: one histogram per layer
+
+
+def histogram_values(metrics: dict) -> dict[str, np.ndarray]:
+    """The step's per-layer histograms (:data:`HISTOGRAM_METRICS`) as host arrays."""
+    return {k: np.asarray(to_host(metrics[k])) for k in HISTOGRAM_METRICS if k in metrics}
 
 
 def _memory(values: dict) -> str:

@@ -8,6 +8,8 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -30,6 +32,21 @@ class MetricsLogger:
         self._jsonl.flush()
         for name, value in kept.items():
             self._tb.add_scalar(f"{split}/{name}", value, step)
+
+    def log_histograms(self, step: int, split: str, values: dict) -> None:
+        """Each row ``l`` of each ``[layers, buckets]`` array in ``values`` as the
+        TensorBoard histogram ``{split}/{name}/layer_{l}`` with one bucket per column
+        (an expert's share of the layer's tokens), bucket ``i`` centred on ``i``."""
+        for name, array in values.items():
+            for layer, row in enumerate(np.asarray(array, np.float64)):
+                ids = np.arange(len(row), dtype=np.float64)
+                self._tb.add_histogram_raw(
+                    f"{split}/{name}/layer_{layer}", min=0.0, max=float(len(row) - 1),
+                    num=float(row.sum()), sum=float((ids * row).sum()),
+                    sum_squares=float((ids * ids * row).sum()),
+                    bucket_limits=(ids + 0.5).tolist(), bucket_counts=row.tolist(),
+                    global_step=step)
+        self._tb.flush()
 
     def close(self) -> None:
         self._jsonl.close()

@@ -63,6 +63,13 @@ class MixtralConfig(ModelConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @property
+    def inactive_expert_params(self) -> int:
+        """Expert parameters a token does not use (its ``num_local_experts -
+        num_experts_per_tok`` unchosen experts' SwiGLUs in every layer)."""
+        unused = self.num_local_experts - self.num_experts_per_tok
+        return unused * 3 * self.hidden_size * self.intermediate_size * self.num_hidden_layers
+
 
 class Layer(nnx.Module):
     def __init__(self, cfg: MixtralConfig, *, rngs: nnx.Rngs):

@@ -112,3 +112,26 @@ def test_evaluation_runs_with_every_step_option_of_the_run(cfg):
     assert evaluate.options == train_step.options == step
     result = run(fp8)
     assert list(result.eval_losses) == [2]
+
+
+def test_a_mixtral_run_logs_its_router_losses_and_each_layers_expert_load(cfg, tmp_path):
+    from tensorboardX.proto.event_pb2 import Event
+    moe = dataclasses.replace(cfg, model="mixtral", preset="tiny", steps=2, eval_every=2,
+                              log_dir=str(tmp_path))
+    run(moe)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert {"lm_loss", "aux_loss", "z_loss", "dropped_tokens"} <= set(train[-1])
+    assert train[-1]["aux_loss"] > 0 and train[-1]["dropped_tokens"] == 0
+    histograms = {}
+    for path in tmp_path.glob("events.out.tfevents.*"):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + length])
+            at += 16 + length
+            for value in event.summary.value:
+                if value.HasField("histo"):
+                    histograms[value.tag] = list(value.histo.bucket)
+    assert sorted(histograms) == [f"train/expert_load/layer_{i}" for i in range(4)]
+    assert all(len(b) == 4 and abs(sum(b) - 1) < 1e-5 for b in histograms.values())

@@ -16,9 +16,10 @@ CONFIGS = ROOT / "examples" / "configs"
 GPU_CONFIGS = ["gpt_neox_1.3b_8gpu.toml", "llama2_7b_4x8gpu.toml"]
 
 
-def test_the_tiny_cpu_config_trains():
+@pytest.mark.parametrize("name", ["tiny_cpu.toml", "mixtral_tiny_cpu.toml"])
+def test_the_tiny_cpu_config_trains(name):
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxsmp.train", "--config", str(CONFIGS / "tiny_cpu.toml"),
+        [sys.executable, "-m", "jaxsmp.train", "--config", str(CONFIGS / name),
          "--steps", "2", "--eval-every", "0", "--no-progress", "--print-losses"],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
