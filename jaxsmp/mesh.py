@@ -57,6 +57,17 @@ def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
     return degrees
 
 
+def _refuse_expert_parallelism(ep: int | None) -> None:
+    """``ep`` (expert parallelism, issue 37) is not implemented: only 1 is accepted."""
+    positive_int("mesh degree ep", ep, optional=True)
+    if ep not in (None, 1):
+        raise ValueError(
+            f"mesh degree ep={ep}: expert parallelism (experts sharded over ep, tokens "
+            f"sent to them by all-to-all) is not implemented yet; use ep=1. A mixture of "
+            f"experts trains with its expert weights ZeRO-3-sharded over sdp and split "
+            f"over tp like a dense MLP")
+
+
 @dataclass(frozen=True)
 class Mesh:
     """A jaxsmp device mesh. ``sdp`` defaults to whatever the other degrees leave.
@@ -65,6 +76,7 @@ class Mesh:
     parallelism over pairs. ``cp`` splits every sequence over that many devices
     (context parallelism, :mod:`jaxsmp.context`). ``collectives`` names the algorithm for the sdp
     parameter gather / gradient reduce-scatter (see ``collectives.ALGORITHMS``).
+    ``ep`` (expert parallelism) accepts only 1 for now: anything else is a ValueError.
     """
     dp: int | None = None
     sdp: int | None = None
@@ -73,10 +85,13 @@ class Mesh:
     cp: int | None = None
     devices: Sequence[jax.Device] | None = None
     collectives: str = "auto"
+    ep: int | None = None
     jax_mesh: jax.sharding.Mesh = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_collectives(self.collectives)
+        _refuse_expert_parallelism(self.ep)
+        object.__setattr__(self, "ep", 1)
         devices = list(self.devices if self.devices is not None else jax.devices())
         degrees = _resolve_degrees(len(devices), {a: getattr(self, a) for a in AXES})
         for name, value in degrees.items():

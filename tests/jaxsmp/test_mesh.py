@@ -58,3 +58,17 @@ def test_cp_sits_between_sdp_and_tp():
     ids = np.vectorize(lambda d: d.id)(mesh.jax_mesh.devices)[0, 0]  # [sdp, cp, tp]
     assert ids[0].tolist() == [[0, 1], [2, 3]] and ids[1].tolist() == [[4, 5], [6, 7]]
     assert mesh.manual_axes == ("sdp",) and mesh.data_size == 2  # cp: automatic, not data
+
+
+@pytest.mark.parametrize("shape", [dict(ep=2, sdp=4), dict(ep=4, tp=2), dict(ep=8),
+                                   dict(ep=2, pp=2, sdp=2)])
+def test_expert_parallelism_is_refused_until_implemented(shape):
+    with pytest.raises(ValueError, match=f"ep={shape['ep']}: expert parallelism .* is not "
+                                         "implemented yet"):
+        jaxsmp.Mesh(**shape)
+
+
+def test_expert_parallel_degree_one_is_the_plain_mesh():
+    assert jaxsmp.Mesh(ep=1, sdp=8) == jaxsmp.Mesh(sdp=8)
+    with pytest.raises(ValueError, match="mesh degree ep must be a positive integer"):
+        jaxsmp.Mesh(ep=0)

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import jaxsmp
-from conftest import assert_causal, single_device_mesh, train
+from conftest import assert_causal, assert_gradients_match, sgd_update, single_device_mesh, train
 from jaxsmp.models import count_params, mixtral, preset
 from jaxsmp.nn.moe import MoE, router_stats
 
@@ -143,3 +143,42 @@ def test_trains_on_sharded_mesh():
     w = state.params["layers"]["layers"]["block_sparse_moe"]["gate_proj"][...]
     assert w.shape == (2, 4, 128, 256) and "tp" in str(w.sharding.spec)
     assert losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.parametrize("shape", [dict(sdp=4, tp=2), dict(dp=2, sdp=4)],
+                         ids=["sdp4-tp2", "dp2-sdp4"])
+def test_full_step_on_a_sharded_mesh_equals_one_device(shape):
+    """SGD at lr 1000, update applied: every parameter's update and grad_norm equal one
+    device's. The load-balancing loss is off: each data shard computes it over its own
+    tokens (as Megatron and MaxText do per micro-batch), which is not the global batch's;
+    the z-loss, a mean over tokens, is on."""
+    cfg = _tiny(router_aux_loss_coef=0.0, router_z_loss_coef=1e-2)
+    tokens = np.random.default_rng(7).integers(0, 256, (8, 16)).astype(np.int32)
+    want = sgd_update(cfg, single_device_mesh(), tokens, loss=_scalar_metrics_loss)
+    got = sgd_update(cfg, jaxsmp.Mesh(**shape), tokens, loss=_scalar_metrics_loss)
+    assert_gradients_match(got, want)
+    for key in ("z_loss", "lm_loss", "balance"):
+        np.testing.assert_allclose(got[1][key], want[1][key], rtol=1e-5, err_msg=key)
+
+
+def _scalar_metrics_loss(model, batch):
+    """The trainer's loss; the expert load reduced to a scalar (``sgd_update`` takes
+    scalar metrics) linearly, so that its mean over data shards is the batch's."""
+    loss, metrics = jaxsmp.losses.causal_lm_loss(model, batch)
+    load = metrics.pop("expert_load")
+    return loss, {**metrics, "balance": jnp.sum(load * jnp.arange(load.size).reshape(
+        load.shape))}
+
+
+def test_sharded_load_balancing_loss_is_the_mean_over_data_shards():
+    """What the sharded step's load-balancing loss is: each data device's, over its own
+    tokens, averaged (here one sequence a device), not the global batch's."""
+    cfg = _tiny()
+    tokens = np.random.default_rng(8).integers(0, 256, (8, 16)).astype(np.int32)
+    state = jaxsmp.init(cfg.build, optax.sgd(1.0), jaxsmp.Mesh(dp=2, sdp=4), seed=0)
+    got = float(jaxsmp.eval_step(_scalar_metrics_loss)(state, {"tokens": tokens})["aux_loss"])
+    model = nnx.merge(state.graphdef, jax.device_get(state.params))
+    aux = jax.jit(lambda t: model.with_router_losses(t)[1]["aux_loss"])
+    per_shard = np.mean([float(aux(tokens[i:i + 1])) for i in range(8)])
+    np.testing.assert_allclose(got, per_shard, rtol=1e-5)
+    assert abs(got - float(aux(tokens))) > 1e-4  # the global batch's differs
