@@ -109,11 +109,11 @@ STEP_HELP = {
                      "stage), spread (every stage on 1/pp of each microbatch) or auto",
     "context_parallel": "how attention spans the cp devices: ulysses (all-to-all over heads), "
                         "ring, or auto (on GPUs ulysses where the heads divide, else ring)",
-    "reduce_dtype": "dtype of the gradient reduce-scatter / all-reduce: fp32 or bf16 "
-                    "(half the bytes; accumulation stays fp32)",
+    "reduce_dtype": "dtype of the gradient reduce-scatter / all-reduce: fp32, bf16 (half the "
+                    "bytes; accumulation stays fp32) or auto (bf16 with --precision bf16)",
 }
 NOT_FLAGS = ("collectives",)
-NONE_WORD = {"prefetch": "auto"}  # how None is spelled where "none" would mislead
+NONE_WORD = {"prefetch": "auto", "reduce_dtype": "auto"}  # how None is spelled where "none" would mislead
 
 
 @dataclass(frozen=True)

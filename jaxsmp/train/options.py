@@ -61,8 +61,9 @@ class StepOptions:
     tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`).
     ``reduce_dtype``: the dtype gradients travel in through the reduce-scatter over
     ``sdp`` and the all-reduce over the data replicas, ``fp32`` or ``bf16`` (half the
-    bytes; reduced as the bf16 GEMMs wrote them); accumulation across microbatches and
-    the optimizer stay float32 (docs/zero3-memory.md)."""
+    bytes; reduced as the bf16 GEMMs wrote them); ``None`` (default): ``bf16`` with
+    ``precision="bf16"``, else ``fp32``. Accumulation across microbatches and the
+    optimizer stay float32 (docs/zero3-memory.md)."""
     microbatches: int = 1
     precision: str = "fp32"
     fp8_history: int = 1024
@@ -78,7 +79,7 @@ class StepOptions:
     pipeline_partition: str | tuple[int, ...] = "auto"
     pipeline_head: str = "auto"
     context_parallel: str = "auto"
-    reduce_dtype: str = "fp32"
+    reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
@@ -117,7 +118,7 @@ class StepOptions:
         if self.sequence_parallel not in (True, False):
             raise ValueError(f"sequence_parallel must be True or False, "
                              f"got {self.sequence_parallel!r}")
-        if self.reduce_dtype not in REDUCE_DTYPES:
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"unknown reduce_dtype {self.reduce_dtype!r}; valid: "
                              f"{tuple(REDUCE_DTYPES)}")
         if self.bucket not in (True, False):
@@ -125,8 +126,10 @@ class StepOptions:
 
     @property
     def reduce_jnp_dtype(self):
-        """``reduce_dtype`` as a JAX dtype."""
-        return REDUCE_DTYPES[self.reduce_dtype]
+        """``reduce_dtype`` as a JAX dtype; ``None``: bfloat16 for bf16 compute (its loss
+        curves match float32 reduction's, docs/zero3-memory.md), float32 otherwise."""
+        default = "bf16" if self.precision == "bf16" else "fp32"
+        return REDUCE_DTYPES[self.reduce_dtype or default]
 
     def prefetches(self, platform: str) -> bool:
         """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...):
