@@ -59,7 +59,8 @@ class Collective:
     """One collective kind on one replica group shape: ``nbytes`` per device (all-gather:
     the gathered result; reduce-scatter: the input; others: the buffer), ``count`` times;
     ``dtype`` of its operands (one entry per dtype of a combined collective);
-    ``overlapped``: asynchronous with compute scheduled beside it (see the module)."""
+    ``asynchronous``: a start / done pair; ``overlapped``: asynchronous with compute
+    scheduled beside it (see the module)."""
     kind: str
     group_size: int
     stride: int
@@ -67,6 +68,7 @@ class Collective:
     count: float
     dtype: str = ""
     overlapped: bool = False
+    asynchronous: bool = False
 
 
 @dataclass
@@ -90,7 +92,8 @@ class KernelTime:
                      "attention_flops", "memory_bytes"):
             setattr(self, name, getattr(self, name) + times * getattr(other, name))
         self.collectives += [Collective(c.kind, c.group_size, c.stride, c.nbytes,
-                                        c.count * times, c.dtype, c.overlapped)
+                                        c.count * times, c.dtype, c.overlapped,
+                                        c.asynchronous)
                              for c in other.collectives]
 
 
@@ -217,8 +220,8 @@ class _Coster:
             key = dtype.group(1) if dtype else ""
             by_dtype[key] = by_dtype.get(key, 0.0) + shape_bytes(shape) * (
                 size if kind == "all-gather" else 1)
-        return [Collective(kind, size, stride, nbytes, 1.0, dtype, overlapped)
-                for dtype, nbytes in by_dtype.items()]
+        return [Collective(kind, size, stride, nbytes, 1.0, dtype, overlapped,
+                           i.op.endswith("-start")) for dtype, nbytes in by_dtype.items()]
 
     def overlapped(self, comp: str) -> set[str]:
         """The asynchronous collectives of ``comp`` with a GEMM or fused attention
