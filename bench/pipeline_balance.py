@@ -19,7 +19,7 @@ from jaxsmp.losses import next_token_loss
 from jaxsmp.nn import rotary_tables
 from jaxsmp.pipeline import make_schedule
 from jaxsmp.pipeline.partition import stack_layers
-from jaxsmp.pipeline.partition import one_f_one_b_seconds
+from jaxsmp.pipeline.timing import one_f_one_b_seconds
 from jaxsmp.pipeline.simulator import async_time, lockstep_time
 
 PP, SDP, MICRO, BATCH, SEQ = 4, 2, 4, 32, 128  # 4 rows per microbatch and device

@@ -1,6 +1,7 @@
 """The layering rules of CONTRIBUTING.md, read from the imports of every module:
 ``collectives/`` and ``pallas_kernels/`` never import ``jaxsmp``; ``jaxsmp/pipeline/``
-and ``jaxsmp/context/`` never import ``jaxsmp.train``."""
+and ``jaxsmp/context/`` never import ``jaxsmp.train``; no two modules import each other,
+directly or round a longer cycle, at any depth (an import inside a function counts)."""
 import ast
 from pathlib import Path
 
@@ -47,3 +48,68 @@ def test_the_check_sees_plain_relative_and_nested_imports(tmp_path, monkeypatch)
         "jaxsmp/pipeline/a.py imports jaxsmp.train.step",
         "jaxsmp/pipeline/b.py imports jaxsmp.train",
         "jaxsmp/pipeline/b.py imports jaxsmp.train.options"]
+
+
+PACKAGES = ("jaxsmp", "collectives", "pallas_kernels")
+
+
+def module_file(name: str) -> Path | None:
+    base = ROOT / Path(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.exists()),
+                None)
+
+
+def module_imports(path: Path) -> set[Path]:
+    """The modules ``path`` imports at any depth: for ``from a import b`` the module
+    ``a.b`` if it is one, else ``a``. Package ``__init__`` files are left out: they
+    gather a package's names, and every module of the package reaches them."""
+    found = set()
+    for name in imported(path):
+        parent, _, last = name.rpartition(".")
+        f = module_file(name) or (module_file(parent) if parent and last else None)
+        if f is not None and f.name != "__init__.py" and f != path:
+            found.add(f)
+    return found
+
+
+def import_cycles(files: list[Path]) -> list[list[str]]:
+    """Strongly connected groups of more than one module in the import graph."""
+    graph = {f: module_imports(f) for f in files if f.name != "__init__.py"}
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(v):  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                cycles.append(sorted(str(f.relative_to(ROOT)) for f in group))
+    for v in graph:
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    files = [f for package in PACKAGES for f in (ROOT / package).rglob("*.py")]
+    assert import_cycles(files) == []
+
+
+def test_the_cycle_check_sees_an_import_inside_a_function(tmp_path, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    pkg = tmp_path / "jaxsmp" / "pipeline"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from jaxsmp.pipeline.a import f\n")
+    (pkg / "a.py").write_text("from jaxsmp.pipeline.b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from jaxsmp.pipeline import a\n")
+    (pkg / "c.py").write_text("from jaxsmp.pipeline import a\n")
+    assert import_cycles(list(pkg.glob("*.py"))) == [
+        ["jaxsmp/pipeline/a.py", "jaxsmp/pipeline/b.py"]]

@@ -23,11 +23,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxsmp.pipeline.one_f_one_b import _Buffers, _choose, _OneFOneB, _put, _Sums
+from jaxsmp.pipeline.one_f_one_b import OneFOneB
+from jaxsmp.pipeline.ticks import Buffers, Sums, choose, put
 
 
-class FusedOneFOneB(_OneFOneB):
-    """:class:`~jaxsmp.pipeline.one_f_one_b._OneFOneB` with fused ticks (module
+class FusedOneFOneB(OneFOneB):
+    """:class:`~jaxsmp.pipeline.one_f_one_b.OneFOneB` with fused ticks (module
     docstring); the head, sums and final gradients are the table-driven class's."""
 
     @property
@@ -35,7 +36,7 @@ class FusedOneFOneB(_OneFOneB):
         """Microbatch inputs a stage keeps: stage 0's ``2p - 1``."""
         return 2 * self.p - 1
 
-    def _run_ticks(self) -> tuple[_Buffers, _Sums]:
+    def _run_ticks(self) -> tuple[Buffers, Sums]:
         z = jnp.zeros_like(self.xs[0])
         bufs, sums, _ = self._initial_carry()
         bufs = bufs._replace(inputs=jnp.zeros((self.slots, *z.shape), z.dtype))
@@ -64,22 +65,22 @@ class FusedOneFOneB(_OneFOneB):
         sent = (lax.ppermute(out, self.axis, ahead), lax.ppermute(back, self.axis, behind))
         return (bufs, sums, sent), None
 
-    def _forward_slot(self, bufs: _Buffers, sums: _Sums, t, received):
+    def _forward_slot(self, bufs: Buffers, sums: Sums, t, received):
         j = t - self.stage
         run = (j >= 0) & (j < self.m)
         j = jnp.clip(j, 0, self.m - 1)
         inp = jnp.where(self.stage == 0, self.xs[j], received)
         out = self._stage(self.layers, inp, j)
-        bufs = bufs._replace(inputs=_put(bufs.inputs, run, inp, j % self.slots))
+        bufs = bufs._replace(inputs=put(bufs.inputs, run, inp, j % self.slots))
         return self.vary((bufs, sums, out))
 
-    def _last_head(self, bufs: _Buffers, sums: _Sums, j, y):
+    def _last_head(self, bufs: Buffers, sums: Sums, j, y):
         last = self.stage == self.p - 1
-        head = _choose(last.astype(jnp.int32), [self._no_head, self._head], j, y,
+        head = choose(last.astype(jnp.int32), [self._no_head, self._head], j, y,
                        branchless=self.branchless)
         return self.vary(self._take_head(bufs, sums, j, last, *head))
 
-    def _backward_slot(self, bufs: _Buffers, sums: _Sums, t, received):
+    def _backward_slot(self, bufs: Buffers, sums: Sums, t, received):
         j = t - (2 * self.p - 2 - self.stage)
         run = (j >= 0) & (j < self.m)
         j = jnp.clip(j, 0, self.m - 1)
@@ -87,7 +88,7 @@ class FusedOneFOneB(_OneFOneB):
         _, vjp = jax.vjp(lambda layers, h: self._stage(layers, h, j), self.layers,
                          bufs.inputs[j % self.slots])
         dlayers, dinp = self.vary(vjp(cotangent))
-        bufs = bufs._replace(input_grads=_put(bufs.input_grads, (self.stage == 0) & run,
+        bufs = bufs._replace(input_grads=put(bufs.input_grads, (self.stage == 0) & run,
                                               dinp, j))
         added = self.add_layers(sums.layers, dlayers)  # kept only where the slot had work
         sums = sums._replace(layers=jax.tree.map(lambda a, b: jnp.where(run, a, b), added,

@@ -29,7 +29,7 @@ Each stage keeps at most ``p`` microbatch inputs (the simulator's 1F1B peak is
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,62 +42,19 @@ from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline import vma
 from jaxsmp.pipeline.microbatch import pick, split_args, split_microbatches
-from jaxsmp.pipeline.schedule import make_schedule
+from jaxsmp.pipeline.schedule import op_arrays
 from jaxsmp.pipeline.stages import from_stage
+from jaxsmp.pipeline.ticks import (Buffers, Messages, RecordStack, StackOutput, Sums,
+                                    accumulator, choose, put)
 
 # forward(params, batch, stack_hook) -> (loss, metrics): the user's loss with the hook
 # installed as the stack's stage runner
 Forward = Callable[[nnx.State, Any, Any], tuple[jax.Array, dict]]
 
 
-class _RecordStack:
-    """Stack hook recording the layer function, input, parameters and arguments."""
-
-    def __call__(self, run, x, params, args):
-        self.run, self.x, self.params, self.args = run, x, params, args
-        return x
-
-
-class _StackOutput:
-    """Stack hook whose output is a given value (the input is unused)."""
-
-    def __init__(self, y: jax.Array):
-        self.y = y
-
-    def __call__(self, run, x, params, args):
-        return self.y
-
-
-class _Buffers(NamedTuple):
-    incoming: jax.Array   # [p, ...] activations received, by microbatch slot
-    cotangents: jax.Array  # [p, ...] output cotangents received (or from the head)
-    inputs: jax.Array     # [p, ...] stage inputs kept for the backward recompute
-    input_grads: jax.Array  # [m, ...] cotangents of the stack input (stage 0)
-
-
-class _Sums(NamedTuple):
-    layers: Any   # gradients of the stage's stacked layers
-    top: Any      # gradients of every parameter through the head (last stage)
-    loss: jax.Array
-    metrics: dict
-
-
-class _Messages(NamedTuple):
-    forward: jax.Array
-    forward_tag: jax.Array   # microbatch + 1, 0: nothing sent
-    backward: jax.Array
-    backward_tag: jax.Array
-
-
 def _tables(stages: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
     """(kind, microbatch) per [tick, stage]: kind 0 idle, 1 forward, 2 backward."""
-    schedule = make_schedule("interleaved", stages, microbatches)
-    kind = np.zeros((schedule.ticks, stages), np.int32)
-    mb = np.zeros((schedule.ticks, stages), np.int32)
-    for s, row in enumerate(schedule.table):
-        for t, op in enumerate(row):
-            if op is not None:
-                kind[t, s], mb[t, s] = (1 if op.kind == "F" else 2), op.microbatch
+    kind, mb = op_arrays("interleaved", stages, microbatches)
     _check_slots(kind, mb, stages)
     return kind, mb
 
@@ -115,34 +72,6 @@ def _check_slots(kind: np.ndarray, mb: np.ndarray, stages: int) -> None:
                 raise AssertionError(f"1F1B buffer slots collide on stage {s} at tick {t}")
 
 
-def _put(buf: jax.Array, when: jax.Array, value: jax.Array, slot: jax.Array) -> jax.Array:
-    """``buf[slot] = value`` if ``when``, updating one slot in place."""
-    return lax.dynamic_update_index_in_dim(buf, jnp.where(when, value, buf[slot]), slot, 0)
-
-
-def _choose(index: jax.Array, branches: list[Callable], *args, branchless: bool):
-    """``lax.switch``, or with ``branchless`` every branch computed and one selected
-    (needed when GSPMD places collectives of automatic axes such as ``tp`` inside the
-    branches: they span all devices, so every device must run them)."""
-    if not branchless:
-        return lax.switch(index, branches, *args)
-    outs = [branch(*args) for branch in branches]
-    return jax.tree.map(lambda *xs: lax.select_n(index, *xs), *outs)
-
-
-def _accumulator(maxima: list[bool]) -> Callable:
-    """Adds a tree of gradients to a running total leaf by leaf, taking the maximum
-    where ``maxima`` says so: fp8 amax observations (``Fp8Meta`` cotangents, which come
-    out of the Stack's ``max_accumulating`` cast as Flax's ``fm32``), which a sum over
-    microbatches would add up."""
-    def accumulate(total: Any, new: Any) -> Any:
-        leaves = [jnp.maximum(a, lax.convert_element_type(b, a.dtype)) if m else a + b
-                  for a, b, m in
-                  zip(jax.tree.leaves(total), jax.tree.leaves(new), maxima, strict=True)]
-        return jax.tree.unflatten(jax.tree.structure(total), leaves)
-    return accumulate
-
-
 def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
     """``grad`` summed over the axes the buffers were made varying over but ``param``
     is not (the transpose of that cast; only size-1 axes can remain here, ``pp``
@@ -151,8 +80,15 @@ def _match(grad: jax.Array, param: jax.Array) -> jax.Array:
     return lax.psum(grad, extra) if extra else grad
 
 
-class _OneFOneB:
-    """The 1F1B schedule of one step on this stage: recorded stack, tables, tick ops."""
+class OneFOneB:
+    """The 1F1B schedule of one step on this stage: recorded stack, tables, tick ops.
+    ``OneFOneB(forward, params, batch, coef, ...).gradients(params)``: the gradients of
+    ``coef * mean microbatch loss``, mean loss and mean metrics on this stage's
+    parameters; ``forward(params, batch, hook)`` is the user's loss with ``hook``
+    installed as the stack's stage runner. ``active``: layers each stage runs
+    (``[stage][0]``) when stages are padded to equal slot counts. ``spread_head``: every
+    stage runs the head on ``1/p`` of each microbatch's examples (module docstring),
+    which ``p`` must divide. ``branchless``: :func:`~jaxsmp.pipeline.ticks.choose`'s."""
 
     def __init__(self, forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
                  stages: int, microbatches: int, axis: str, branchless: bool,
@@ -160,13 +96,13 @@ class _OneFOneB:
         self.forward, self.batch, self.coef, self.active = forward, batch, coef, active
         self.p, self.m, self.axis, self.branchless = stages, microbatches, axis, branchless
         self.spread = spread_head
-        record = _RecordStack()
+        record = RecordStack()
         forward(params, batch, record)  # the layer function, the stack's structure, args
         self.run, stack_def = record.run, jax.tree.structure(record.params)
         self.mask = [is_stacked(v) for v in jax.tree.leaves(params, is_leaf=is_var)]
         self.maxima = [isinstance(v, Fp8Meta) for v in jax.tree.leaves(params, is_leaf=is_var)]
-        self.add_top = _accumulator(self.maxima)
-        self.add_layers = _accumulator([m for m, s in zip(self.maxima, self.mask) if s])
+        self.add_top = accumulator(self.maxima)
+        self.add_layers = accumulator([m for m, s in zip(self.maxima, self.mask) if s])
         leaves = jax.tree.leaves(params)
         stacked = [x for x, s in zip(leaves, self.mask) if s]
         if stack_def.num_leaves != len(stacked):
@@ -187,10 +123,10 @@ class _OneFOneB:
                              f"and microbatch that pp divides")
         self.kind, self.mb = (jnp.asarray(a) for a in _tables(stages, microbatches))
         # the metrics' structure (this forward is dead code for XLA)
-        self.probe_metrics = forward(params, self._microbatch(0), _StackOutput(self.xs[0]))[1]
+        self.probe_metrics = forward(params, self._microbatch(0), StackOutput(self.xs[0]))[1]
 
     def _stack_input(self, params: nnx.State) -> jax.Array:
-        record = _RecordStack()
+        record = RecordStack()
         self.forward(params, self.batch, record)
         return record.x
 
@@ -213,7 +149,7 @@ class _OneFOneB:
         mbatch = self._microbatch(j) if mbatch is None else mbatch
 
         def loss(params, y):
-            value, metrics = self.forward(params, mbatch, _StackOutput(y))
+            value, metrics = self.forward(params, mbatch, StackOutput(y))
             return value * self.coef / share, (value, metrics)
         out, vjp, (value, metrics) = jax.vjp(loss, self.top, y, has_aux=True)
         dtop, dy = vjp(vma.vary(jnp.ones((), out.dtype), vma.varying(out)))
@@ -225,25 +161,25 @@ class _OneFOneB:
                           jax.tree.map(lambda v: jnp.zeros((), jnp.float32),
                                        self.probe_metrics)))
 
-    def _forward_op(self, bufs: _Buffers, sums: _Sums, j):
+    def _forward_op(self, bufs: Buffers, sums: Sums, j):
         slot, last = j % self.p, self.stage == self.p - 1
         inp = jnp.where(self.stage == 0, self.xs[j], bufs.incoming[slot])
         out = self.vary(self._stage(self.layers, inp, j))
         bufs = bufs._replace(inputs=lax.dynamic_update_index_in_dim(bufs.inputs, inp, slot, 0))
         if not self.spread:  # the head runs here, on the last stage
-            head = _choose(last.astype(jnp.int32), [self._no_head, self._head], j, out,
+            head = choose(last.astype(jnp.int32), [self._no_head, self._head], j, out,
                            branchless=self.branchless)
             bufs, sums = self._take_head(bufs, sums, j, last, *head)
-        return bufs, sums, _Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
+        return bufs, sums, Messages(out, j + 1, jnp.zeros_like(out), jnp.int32(0))
 
-    def _take_head(self, bufs: _Buffers, sums: _Sums, j, last, dtop, dy, value, metrics):
+    def _take_head(self, bufs: Buffers, sums: Sums, j, last, dtop, dy, value, metrics):
         """The head's output cotangent into the last stage's buffer; its sums added."""
-        bufs = bufs._replace(cotangents=_put(bufs.cotangents, last, dy, j % self.p))
+        bufs = bufs._replace(cotangents=put(bufs.cotangents, last, dy, j % self.p))
         sums = sums._replace(top=self.add_top(sums.top, dtop), loss=sums.loss + value,
                              metrics=jax.tree.map(jnp.add, sums.metrics, metrics))
         return bufs, sums
 
-    def _spread_head(self, bufs: _Buffers, sums: _Sums, when, j, out: jax.Array):
+    def _spread_head(self, bufs: Buffers, sums: Sums, when, j, out: jax.Array):
         """If ``when`` (the last stage ran ``F`` of microbatch ``j``; the same on every
         device): that microbatch's head, each stage on its share of the examples."""
         last = self.stage == self.p - 1
@@ -261,28 +197,28 @@ class _OneFOneB:
         return lax.cond(when, run, lambda bufs, sums, out: self.vary((bufs, sums)),
                         bufs, sums, out)
 
-    def _backward_op(self, bufs: _Buffers, sums: _Sums, j):
+    def _backward_op(self, bufs: Buffers, sums: Sums, j):
         slot = j % self.p
         _, vjp = jax.vjp(lambda layers, h: self._stage(layers, h, j), self.layers,
                          bufs.inputs[slot])
         dlayers, dinp = self.vary(vjp(bufs.cotangents[slot]))
-        bufs = bufs._replace(input_grads=_put(bufs.input_grads, self.stage == 0, dinp, j))
+        bufs = bufs._replace(input_grads=put(bufs.input_grads, self.stage == 0, dinp, j))
         sums = sums._replace(layers=self.add_layers(sums.layers, dlayers))
-        return bufs, sums, _Messages(jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1)
+        return bufs, sums, Messages(jnp.zeros_like(dinp), jnp.int32(0), dinp, j + 1)
 
-    def _idle_op(self, bufs: _Buffers, sums: _Sums, j):
+    def _idle_op(self, bufs: Buffers, sums: Sums, j):
         z = jnp.zeros_like(self.xs[0])
-        return bufs, sums, _Messages(z, jnp.int32(0), z, jnp.int32(0))
+        return bufs, sums, Messages(z, jnp.int32(0), z, jnp.int32(0))
 
     def _tick(self, carry, t):
         bufs, sums, msg = carry
         bufs = bufs._replace(
-            incoming=_put(bufs.incoming, msg.forward_tag > 0, msg.forward,
+            incoming=put(bufs.incoming, msg.forward_tag > 0, msg.forward,
                           (msg.forward_tag - 1) % self.p),
-            cotangents=_put(bufs.cotangents, msg.backward_tag > 0, msg.backward,
+            cotangents=put(bufs.cotangents, msg.backward_tag > 0, msg.backward,
                             (msg.backward_tag - 1) % self.p))
         ops = [self._idle_op, self._forward_op, self._backward_op]
-        bufs, sums, msg = _choose(self.kind[t, self.stage],
+        bufs, sums, msg = choose(self.kind[t, self.stage],
                                   [lambda b, s, j, op=op: self.vary(op(b, s, j)) for op in ops],
                                   bufs, sums, self.mb[t, self.stage], branchless=self.branchless)
         if self.spread:
@@ -290,20 +226,20 @@ class _OneFOneB:
                                            self.mb[t, self.p - 1], msg.forward)
         ahead = [(i, i + 1) for i in range(self.p - 1)]
         back = [(i + 1, i) for i in range(self.p - 1)]
-        msg = _Messages(*(lax.ppermute(x, self.axis, perm) for x, perm in
+        msg = Messages(*(lax.ppermute(x, self.axis, perm) for x, perm in
                           zip(msg, (ahead, ahead, back, back))))
         return (bufs, sums, msg), None
 
     def _initial_carry(self):
         buf = jnp.zeros((self.p, *self.xs.shape[1:]), self.xs.dtype)
         f32_zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)  # noqa: E731
-        bufs = _Buffers(buf, buf, buf, jnp.zeros_like(self.xs))
-        sums = _Sums(f32_zeros(self.layers), f32_zeros(self.top), jnp.zeros((), jnp.float32),
+        bufs = Buffers(buf, buf, buf, jnp.zeros_like(self.xs))
+        sums = Sums(f32_zeros(self.layers), f32_zeros(self.top), jnp.zeros((), jnp.float32),
                      jax.tree.map(lambda v: jnp.zeros((), jnp.float32), self.probe_metrics))
         z = jnp.zeros_like(self.xs[0])
-        return self.vary((bufs, sums, _Messages(z, jnp.int32(0), z, jnp.int32(0))))
+        return self.vary((bufs, sums, Messages(z, jnp.int32(0), z, jnp.int32(0))))
 
-    def _run_ticks(self) -> tuple[_Buffers, _Sums]:
+    def _run_ticks(self) -> tuple[Buffers, Sums]:
         (bufs, sums, _), _ = lax.scan(self._tick, self._initial_carry(),
                                       jnp.arange(self.kind.shape[0]))
         return bufs, sums
@@ -320,7 +256,7 @@ class _OneFOneB:
         return (jax.tree.unflatten(jax.tree.structure(params), out), loss / self.m,
                 jax.tree.map(lambda v: v / self.m, metrics))
 
-    def _head_sums(self, sums: _Sums):
+    def _head_sums(self, sums: Sums):
         """(head gradient leaves, loss sum, metric sums) on every stage: the last
         stage's, or with the spread head all stages' shares combined (amax
         observations by maximum; each share's loss and metrics weigh ``1/p``)."""
@@ -333,22 +269,3 @@ class _OneFOneB:
         loss, metrics = jax.tree.map(lambda v: lax.psum(v, self.axis) / self.p,
                                      (sums.loss, sums.metrics))
         return top, loss, metrics
-
-
-def gradients(forward: Forward, params: nnx.State, batch: Any, coef: jax.Array, *,
-              stages: int, microbatches: int, axis: str = "pp", branchless: bool = False,
-              active: tuple[tuple[int, ...], ...] | None = None, spread_head: bool = False):
-    """(gradients of ``coef * mean microbatch loss``, mean loss, mean metrics) on this
-    stage's parameters, running the 1F1B schedule. ``forward(params, batch, hook)``
-    is the user's loss with ``hook`` installed as the stack's stage runner. With
-    ``branchless`` (tensor parallelism) the ticks are fused
-    (:mod:`jaxsmp.pipeline.fused_ticks`): no stage takes a branch the others do not.
-    ``active``: layers each stage runs (``[stage][0]``) when stages are padded to equal
-    slot counts.
-    ``spread_head``: every stage runs the head on ``1/p`` of each microbatch's
-    examples (module docstring), which ``p`` must divide."""
-    from jaxsmp.pipeline.fused_ticks import FusedOneFOneB
-    kind = FusedOneFOneB if branchless else _OneFOneB
-    return kind(forward, params, batch, coef, stages=stages, microbatches=microbatches,
-                axis=axis, branchless=branchless, active=active,
-                spread_head=spread_head).gradients(params)

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxsmp.pipeline import one_f_one_b
+from jaxsmp.pipeline.fused_ticks import FusedOneFOneB
 from jaxsmp.pipeline.layout import StageLayout, check_counts, equal_counts
 from jaxsmp.pipeline.microbatch import split_microbatches
+from jaxsmp.pipeline.one_f_one_b import OneFOneB
 from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
 from jaxsmp.checks import positive_int
@@ -104,11 +105,13 @@ class PipelinePlan:
         """(float32 gradients of ``coef`` x the mean loss of the local batch, mean loss,
         mean metrics) on this device's parameters."""
         if self.stages > 1 and self.schedule == "interleaved":
-            return one_f_one_b.gradients(forward, params, batch, coef / self.microbatches,
-                                         stages=self.stages,
-                                         microbatches=self.microbatches, axis=self.axis,
-                                         branchless=branchless, active=self.active(),
-                                         spread_head=self.spread_head)
+            # 1F1B by hand; with branchless (tp) its ticks fused, so that no stage takes
+            # a branch the others do not (GSPMD's tp collectives sit in the layers)
+            kind = FusedOneFOneB if branchless else OneFOneB
+            return kind(forward, params, batch, coef / self.microbatches, stages=self.stages,
+                        microbatches=self.microbatches, axis=self.axis,
+                        branchless=branchless, active=self.active(),
+                        spread_head=self.spread_head).gradients(params)
         runner = self.runner()
         m = 1 if runner else self.microbatches  # a pipeline splits inside the stack
 

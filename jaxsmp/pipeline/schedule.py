@@ -17,7 +17,10 @@ by :mod:`jaxsmp.pipeline.simulator`.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 SCHEDULES = ("simple", "interleaved", "virtual")
 
@@ -175,6 +178,19 @@ def make_schedule(name: str, stages: int, microbatches: int, chunks: int = 1) ->
         orders = _gpipe_orders(stages, microbatches, chunks)
     table = _greedy(orders, stages, chunks)
     return Schedule(name, stages, microbatches, chunks, tuple(tuple(r) for r in table))
+
+
+@functools.lru_cache(maxsize=64)
+def op_arrays(name: str, stages: int, microbatches: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(kind, microbatch)`` of schedule ``name`` (one chunk), each ``[tick, stage]``:
+    kind 0 idle, 1 forward, 2 backward. Read-only: cached for the planner's searches."""
+    table = make_schedule(name, stages, microbatches).table
+    kind = np.array([[0 if op is None else 1 if op.kind == "F" else 2 for op in row]
+                     for row in table], np.int32).T
+    mb = np.array([[0 if op is None else op.microbatch for op in row] for row in table],
+                  np.int32).T
+    kind.flags.writeable = mb.flags.writeable = False
+    return kind, mb
 
 
 def bubble_formula(stages: int, microbatches: int, chunks: int = 1) -> float:

@@ -20,8 +20,8 @@ from collectives import CostModel, Topology
 from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.pipeline.partition import (balanced_counts, fused_seconds, one_f_one_b_seconds,
-                                       one_f_one_b_split)
+from jaxsmp.pipeline.partition import balanced_counts
+from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 

@@ -5,7 +5,7 @@ cuts it): one stacked layer and the head (everything after it, the loss included
 on one device (the host's CPU for GPU targets, :func:`_forward`) for one microbatch of
 this device's rows, and XLA's cost analysis gives its FLOPs and bytes; a
 roofline on the target's peak rate and memory bandwidth turns them into time, and
-:func:`jaxsmp.pipeline.partition.one_f_one_b_split` splits the layers and places the
+:func:`jaxsmp.pipeline.timing.one_f_one_b_split` splits the layers and places the
 head (``pipeline_head="auto"``).
 """
 from __future__ import annotations
@@ -20,9 +20,10 @@ import numpy as np
 
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.param import is_var
-from jaxsmp.pipeline.one_f_one_b import _RecordStack, _StackOutput
+from jaxsmp.pipeline.ticks import RecordStack, StackOutput
 from jaxsmp.pipeline.layout import equal_counts
-from jaxsmp.pipeline.partition import balanced_counts, one_f_one_b_split, roofline_seconds
+from jaxsmp.pipeline.partition import balanced_counts, roofline_seconds
+from jaxsmp.pipeline.timing import one_f_one_b_split
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
 
@@ -79,23 +80,23 @@ def piece_seconds(fn: LossFn, state, options: StepOptions, microbatch: Any,
     one, forward = _forward(fn, state, options)
     params, batch = _whole(state.params), _abstract(microbatch)
     with jax.set_mesh(one.jax_mesh):
-        record = _RecordStack()
+        record = RecordStack()
         jax.eval_shape(lambda p, b: forward(p, b, record), params, batch)
         x = jax.ShapeDtypeStruct(record.x.shape, record.x.dtype)
 
         def layer(p, b, w, h):  # the layer's arguments (e.g. positions) traced afresh
-            rec = _RecordStack()
+            rec = RecordStack()
             forward(p, b, rec)
             return jax.grad(lambda w, h: rec.run(h, w, rec.args).astype(jnp.float32).sum(),
                             argnums=(0, 1))(w, h)
 
         def layer_forward(p, b, w, h):
-            rec = _RecordStack()
+            rec = RecordStack()
             forward(p, b, rec)
             return rec.run(h, w, rec.args)
 
         def head(p, b, y):
-            return jax.grad(lambda p, y: forward(p, b, _StackOutput(y))[0],
+            return jax.grad(lambda p, y: forward(p, b, StackOutput(y))[0],
                             argnums=(0, 1))(p, y)
         first = jax.tree.map(lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), _real(a.dtype)),
                              _abstract(record.params))

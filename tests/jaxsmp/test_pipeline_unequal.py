@@ -161,7 +161,7 @@ def test_1f1b_with_the_head_spread_over_the_stages_matches_single_device(
 
 
 def test_1f1b_spreads_a_head_heavier_than_a_stage_and_keeps_a_light_one_last():
-    from jaxsmp.pipeline.partition import one_f_one_b_seconds, one_f_one_b_split
+    from jaxsmp.pipeline.timing import one_f_one_b_seconds, one_f_one_b_split
     # bench/pipeline.py's pieces (ms) at vocab 50304 and 512: 4 microbatches, pp=4
     heavy = one_f_one_b_split(8, 4, 4, 9.8, 25.4, 187.7, can_spread=True)
     assert heavy.spread_head and heavy.seconds < one_f_one_b_seconds(
@@ -240,7 +240,7 @@ def test_partition_needs_a_pipeline(tiny_config, tokens):
 
 def test_one_f_one_b_counts_lighten_the_last_stage_in_lock_step():
     from jaxsmp.pipeline import make_schedule
-    from jaxsmp.pipeline.partition import one_f_one_b_counts
+    from jaxsmp.pipeline.timing import one_f_one_b_counts
     from jaxsmp.pipeline.simulator import lockstep_time
 
     def seconds(counts, head):
