@@ -4,7 +4,16 @@ Recognised, in order: jaxsmp's own launcher (``JAXSMP_COORDINATOR``,
 ``JAXSMP_NUM_PROCESSES``, ``JAXSMP_PROCESS_ID``), torchrun-style (``MASTER_ADDR``,
 ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``), mpiexec/mpirun (Open MPI's
 ``OMPI_COMM_WORLD_RANK``/``_SIZE``, MPICH/Hydra's ``PMI_RANK``/``PMI_SIZE``), SageMaker
-(``SM_HOSTS``, ``SM_CURRENT_HOST``) and SLURM (``SLURM_NTASKS`` > 1, detected by JAX itself).
+(``SM_HOSTS``, ``SM_CURRENT_HOST``) and SLURM (``SLURM_NTASKS`` > 1 in an ``srun`` step:
+``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, the first host of ``SLURM_STEP_NODELIST``).
+
+The coordinator's port is ``JAX_COORDINATOR_PORT`` when set. Otherwise: torchrun's
+``MASTER_PORT`` + 1 (torchrun's own store listens on ``MASTER_PORT``), SLURM's ``MASTER_PORT``
+or JAX's port for the job id (61440 + ``SLURM_JOB_ID`` mod 4096). Process 0 checks the port is
+free before JAX binds it. Every process then joins with JAX's own cluster detection off:
+each uses all the devices it sees (JAX's SLURM detection would keep only device
+``SLURM_LOCALID``, one GPU of a one-task-per-node job); give tasks that share a node their own
+GPUs (``srun --gpus-per-task``), or it is an error.
 
 Under MPI the coordinator is ``MASTER_ADDR:MASTER_PORT`` when set (port default 12355);
 otherwise rank 0 picks a free port and broadcasts its address over MPI (127.0.0.1 when the
@@ -17,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Mapping
@@ -27,13 +38,21 @@ import jax
 from collectives.ffi.mpi_env import MpiLaunch, env_int, mpi_launch
 
 DEFAULT_PORT = 12355
+# how each launcher's coordinator port is chosen, for the error when it is taken
+PORT_RULES = {"torchrun": "torchrun's MASTER_PORT + 1", "slurm": "MASTER_PORT, else 61440 + "
+              "SLURM_JOB_ID mod 4096", "sagemaker": "MASTER_PORT, else 12355",
+              "jaxsmp.launch": "JAXSMP_COORDINATOR"}
+
+
+class LaunchError(RuntimeError):
+    """The launch cannot form one JAX job (e.g. the coordinator's port is taken)."""
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
     """Where the coordinator is, how many processes there are, which one this is.
-    ``coordinator=None`` lets JAX detect the cluster (SLURM), or, for an MPI launch, means
-    rank 0 broadcasts it over MPI when the processes start (:func:`initialize`)."""
+    ``coordinator=None`` (an MPI launch) means rank 0 broadcasts it over MPI when the
+    processes start (:func:`initialize`)."""
     source: str
     coordinator: str | None
     num_processes: int | None
@@ -48,6 +67,68 @@ def _sagemaker(env: Mapping[str, str]) -> ClusterSpec:
     port = env.get("MASTER_PORT", str(DEFAULT_PORT))
     return ClusterSpec("sagemaker", f"{sorted(hosts)[0]}:{port}", len(hosts),
                        sorted(hosts).index(current))
+
+
+def _torchrun(env: Mapping[str, str]) -> ClusterSpec:
+    """torchrun's own store listens on MASTER_PORT (TORCHELASTIC_* set): JAX takes the next."""
+    port = env_int(env, "MASTER_PORT") if "MASTER_PORT" in env else DEFAULT_PORT
+    if "TORCHELASTIC_RUN_ID" in env:
+        port += 1
+    port = env.get("JAX_COORDINATOR_PORT", port)
+    return ClusterSpec("torchrun", f"{env.get('MASTER_ADDR', '127.0.0.1')}:{port}",
+                       env_int(env, "WORLD_SIZE"), env_int(env, "RANK"))
+
+
+def _first_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: 'gpu[003-010,12],cpu1' -> 'gpu003'."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]\-,]+))?", nodelist)
+    if m is None:
+        raise ValueError(f"SLURM_STEP_NODELIST={nodelist!r} is not a SLURM host list")
+    return m[1] + (m[2] or "")
+
+
+def _tasks_per_node(env: Mapping[str, str]) -> list[int]:
+    """SLURM_STEP_TASKS_PER_NODE expanded: '2(x3),1' -> [2, 2, 2, 1]."""
+    counts = []
+    for part in env.get("SLURM_STEP_TASKS_PER_NODE", "1").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            raise ValueError(f"SLURM_STEP_TASKS_PER_NODE={env['SLURM_STEP_TASKS_PER_NODE']!r} "
+                             "is not a SLURM task count list")
+        counts += [int(m[1])] * int(m[2] or 1)
+    return counts
+
+
+def _check_own_gpus(env: Mapping[str, str]) -> None:
+    """Tasks that share a node must not all see every GPU the step has there."""
+    node = env_int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
+    tasks = _tasks_per_node(env)[node]
+    step_gpus = [g for g in env.get("SLURM_STEP_GPUS", env.get("SLURM_JOB_GPUS", "")).split(",")
+                 if g]
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    seen = step_gpus if visible is None else [g for g in visible.split(",") if g]
+    if tasks > 1 and step_gpus and len(seen) >= len(step_gpus):
+        raise ValueError(
+            f"{tasks} tasks of this SLURM step run on node {env.get('SLURMD_NODENAME', node)} "
+            f"and each asks for the same GPUs (CUDA_VISIBLE_DEVICES={visible}, all of the "
+            f"step's SLURM_STEP_GPUS={','.join(step_gpus)}): give each task its own with "
+            f"srun --gpus-per-task={max(1, len(step_gpus) // tasks)}, or run one task per node "
+            "(--ntasks-per-node=1) that uses them all")
+
+
+def _slurm(env: Mapping[str, str]) -> ClusterSpec:
+    """An srun task: the coordinator on the step's first host, JAX's port for the job id."""
+    if "SLURM_STEP_ID" not in env:
+        raise ValueError(
+            f"SLURM_NTASKS={env['SLURM_NTASKS']} but this process is not an srun task (no "
+            "SLURM_STEP_ID: the batch script itself?); start one trainer per task with "
+            "`srun python -m jaxsmp.train ...`")
+    _check_own_gpus(env)
+    port = env.get("JAX_COORDINATOR_PORT",
+                   env.get("MASTER_PORT", env_int(env, "SLURM_JOB_ID") % 4096 + 61440))
+    tasks = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    return ClusterSpec("slurm", f"{_first_host(env['SLURM_STEP_NODELIST'])}:{port}",
+                       env_int(env, tasks), env_int(env, "SLURM_PROCID"))
 
 
 def _mpi_coordinator(env: Mapping[str, str], launch: MpiLaunch) -> str | None:
@@ -101,11 +182,7 @@ def cluster_from_env(env: Mapping[str, str] | None = None) -> ClusterSpec | None
                            env_int(env, "JAXSMP_NUM_PROCESSES"),
                            env_int(env, "JAXSMP_PROCESS_ID"))
     if "WORLD_SIZE" in env and "RANK" in env:
-        if env_int(env, "WORLD_SIZE") == 1:
-            return None
-        address = f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', DEFAULT_PORT)}"
-        return ClusterSpec("torchrun", address, env_int(env, "WORLD_SIZE"),
-                           env_int(env, "RANK"))
+        return None if env_int(env, "WORLD_SIZE") == 1 else _torchrun(env)
     launch = mpi_launch(env)
     if launch is not None:
         if launch.size == 1:
@@ -116,8 +193,44 @@ def cluster_from_env(env: Mapping[str, str] | None = None) -> ClusterSpec | None
         spec = _sagemaker(env)
         return spec if spec.num_processes > 1 else None
     if "SLURM_NTASKS" in env and env_int(env, "SLURM_NTASKS") > 1:
-        return ClusterSpec("slurm", None, None, None)
+        return _slurm(env)
     return None
+
+
+def _check_port_free(spec: ClusterSpec) -> None:
+    """On process 0, where JAX will serve the coordinator: a clear error if the port is taken
+    (JAX's own is 'Failed to start RPC server')."""
+    port = int(spec.coordinator.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is fine
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            rule = PORT_RULES.get(spec.source, "broadcast over MPI, or MASTER_PORT")
+            raise LaunchError(
+                f"the JAX coordinator port {port} (from {spec.source}: {rule}) is in use on this "
+                f"host ({e.strerror}): another job or a leftover process holds it; choose a "
+                f"free port with JAX_COORDINATOR_PORT") from None
+
+
+def check_mesh_fits(spec: ClusterSpec | None, degrees: Mapping[str, int | None]) -> None:
+    """A clear error, naming the launch, when its processes' devices cannot form the mesh
+    (``degrees``: dp, sdp, ... with ``sdp=None`` taking the devices left over)."""
+    if spec is None:
+        return
+    local, count = jax.local_device_count(), jax.device_count()
+    fixed = math.prod(v for v in degrees.values() if v is not None)
+    if (count % fixed == 0) if degrees.get("sdp") is None else (fixed == count):
+        return
+    mesh = " x ".join(f"{k}={v}" for k, v in degrees.items() if v not in (None, 1)) or "dp=1"
+    need = f"{fixed}" if degrees.get("sdp") is not None else f"a multiple of {fixed}"
+    tasks = f"{fixed // local} processes" if fixed % local == 0 else "a different mesh"
+    launch = {"slurm": f"sbatch --ntasks={fixed // local}", "torchrun":
+              "--nnodes x --nproc_per_node"}.get(spec.source, "the launcher's process count")
+    raise ValueError(
+        f"{spec.source} started {spec.num_processes} processes with {local} devices each "
+        f"({count} devices), but the mesh {mesh} needs {need} devices: start {tasks} "
+        f"({launch}) or change the mesh")
 
 
 def initialize(env: Mapping[str, str] | None = None, *, heartbeat_timeout: int = 30,
@@ -132,10 +245,12 @@ def initialize(env: Mapping[str, str] | None = None, *, heartbeat_timeout: int =
     launch = mpi_launch(os.environ if env is None else env)
     if launch is not None and spec.coordinator is None:
         spec = dataclasses.replace(spec, coordinator=_broadcast_coordinator(spec, launch))
+    if spec.process_id == 0:
+        _check_port_free(spec)
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
+    jax.distributed.initialize(  # detection off: no device_ids=[SLURM_LOCALID] (see above)
         spec.coordinator, spec.num_processes, spec.process_id,
-        initialization_timeout=initialization_timeout,
+        cluster_detection_method="deactivate", initialization_timeout=initialization_timeout,
         heartbeat_timeout_seconds=heartbeat_timeout)
     return spec

@@ -23,6 +23,22 @@ def _layer_bytes(cfg) -> int:
     return Workload(preset(cfg.model, cfg.preset), cfg.seq_len).layer_params * itemsize
 
 
+def _join_cluster(cfg) -> None:
+    """Joins the cluster the launcher's environment describes, or simulates
+    ``--simulate-devices`` CPU devices for one process. A launch that cannot train (its
+    processes' devices do not fit the mesh, a taken port, ...) exits with status 2."""
+    try:
+        if distributed.cluster_from_env() is None:
+            simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
+            return
+        spec = distributed.initialize()
+        distributed.check_mesh_fits(spec, {a: getattr(cfg, a) for a in ("dp", "sdp", "tp", "pp",
+                                                                         "cp")})
+    except (ValueError, distributed.LaunchError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None, **defaults) -> None:
     """Parses flags (and ``--config``) over ``defaults`` (an example script's, e.g.
     ``model="bloom"``), joins the cluster described by the environment (or simulates
@@ -36,10 +52,7 @@ def main(argv: list[str] | None = None, **defaults) -> None:
         sys.exit(2)
     if xla_flags.wanted():  # on a GPU: combine thresholds of one layer
         xla_flags.apply(_layer_bytes(cfg))
-    if distributed.cluster_from_env() is not None:
-        distributed.initialize()
-    else:
-        simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
+    _join_cluster(cfg)
     try:
         history = run(cfg)
     except ConfigError as err:  # a setting that does not fit the devices or the data

@@ -2,6 +2,7 @@
 across 2 processes x 4 devices matching the single-process run."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,9 +12,18 @@ import pytest
 
 from collectives.ffi.build import find_mpiexec
 from collectives.ffi.mpi_env import mpi_launch
-from jaxsmp.distributed import ClusterSpec, _broadcast_coordinator, cluster_from_env, initialize
+from jaxsmp.distributed import (ClusterSpec, LaunchError, _broadcast_coordinator, cluster_from_env,
+                                initialize)
 
 ROOT = Path(__file__).parents[2]
+
+
+# what srun gives task 1 of 16 on 16 nodes: one task per node, each all of its node's GPUs
+SRUN_TASK_1 = {"SLURM_JOB_ID": "4118", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "16",
+               "SLURM_STEP_NUM_TASKS": "16", "SLURM_PROCID": "1", "SLURM_NODEID": "1",
+               "SLURM_STEP_NODELIST": "gpu[003-010,012-019]", "SLURM_STEP_TASKS_PER_NODE":
+               "1(x16)", "SLURM_STEP_GPUS": "0,1,2,3,4,5,6,7",
+               "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -23,7 +33,12 @@ ROOT = Path(__file__).parents[2]
      ClusterSpec("torchrun", "n0:29500", 4, 3)),
     ({"SM_HOSTS": '["algo-2", "algo-1"]', "SM_CURRENT_HOST": "algo-2"},
      ClusterSpec("sagemaker", "algo-1:12355", 2, 1)),
-    ({"SLURM_NTASKS": "16"}, ClusterSpec("slurm", None, None, None)),
+    ({"MASTER_ADDR": "localhost", "MASTER_PORT": "29500", "RANK": "1", "WORLD_SIZE": "2",
+      "TORCHELASTIC_RUN_ID": "x"}, ClusterSpec("torchrun", "localhost:29501", 2, 1)),
+    ({**SRUN_TASK_1}, ClusterSpec("slurm", "gpu003:61462", 16, 1)),  # 61440 + 4118 % 4096
+    ({**SRUN_TASK_1, "MASTER_PORT": "4000"}, ClusterSpec("slurm", "gpu003:4000", 16, 1)),
+    ({**SRUN_TASK_1, "JAX_COORDINATOR_PORT": "4001", "MASTER_PORT": "4000"},
+     ClusterSpec("slurm", "gpu003:4001", 16, 1)),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2", "MASTER_PORT": "4000"},
      ClusterSpec("mpich", "127.0.0.1:4000", 2, 1)),
     ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "MASTER_ADDR": "n0"},
@@ -45,6 +60,63 @@ def test_bad_environment_names_the_variable():
         cluster_from_env({"SM_HOSTS": '["a"]', "SM_CURRENT_HOST": "x"})
     with pytest.raises(ValueError, match=r"OMPI_COMM_WORLD_SIZE='n' is not an integer"):
         cluster_from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "n"})
+
+
+def test_the_first_host_of_a_slurm_host_list():
+    from jaxsmp.distributed import _first_host
+    assert _first_host("node001") == "node001"
+    assert _first_host("node001,host2") == "node001"
+    assert _first_host("gpu[003-010,12],cpu1") == "gpu003"
+    assert _first_host("a-b[7,9]") == "a-b7"
+
+
+def test_a_slurm_batch_script_that_runs_the_trainer_without_srun_is_an_error():
+    batch = {k: v for k, v in SRUN_TASK_1.items() if k != "SLURM_STEP_ID"}
+    with pytest.raises(ValueError, match=r"SLURM_NTASKS=16 but this process is not an srun task "
+                                         r".*`srun python -m jaxsmp.train ...`"):
+        cluster_from_env(batch)
+
+
+def test_slurm_tasks_sharing_a_node_must_not_ask_for_the_same_gpus():
+    two_per_node = {**SRUN_TASK_1, "SLURM_STEP_TASKS_PER_NODE": "2(x8)", "SLURMD_NODENAME": "gpu004"}
+    with pytest.raises(ValueError, match=r"2 tasks of this SLURM step run on node gpu004 and each "
+                                         r"asks for the same GPUs \(CUDA_VISIBLE_DEVICES=0,1,2,3,"
+                                         r"4,5,6,7.*srun --gpus-per-task=4"):
+        cluster_from_env(two_per_node)
+    with pytest.raises(ValueError, match="each asks for the same GPUs"):  # SLURM set none
+        cluster_from_env({k: v for k, v in two_per_node.items() if k != "CUDA_VISIBLE_DEVICES"})
+    own = {**two_per_node, "CUDA_VISIBLE_DEVICES": "4,5,6,7"}  # srun --gpus-per-task=4
+    assert cluster_from_env(own) == ClusterSpec("slurm", "gpu003:61462", 16, 1)
+    last_node_alone = {**two_per_node, "SLURM_STEP_TASKS_PER_NODE": "2(x7),1", "SLURM_NODEID": "7"}
+    assert cluster_from_env(last_node_alone).process_id == 1
+
+
+def _listening_socket() -> socket.socket:
+    s = socket.socket()
+    s.bind(("", 0))
+    s.listen()
+    return s
+
+
+def test_a_coordinator_port_in_use_is_a_clear_error():
+    with _listening_socket() as taken:
+        port = taken.getsockname()[1]
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1), "RANK": "0",
+               "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}
+        with pytest.raises(LaunchError, match=rf"the JAX coordinator port {port} \(from torchrun: "
+                                              r"torchrun's MASTER_PORT \+ 1\) is in use on this "
+                                              r"host .*choose a free port with JAX_COORDINATOR_PORT"):
+            initialize(env)  # before JAX binds it, so this process can still start JAX
+
+
+def test_the_trainer_exits_with_the_port_error_not_a_traceback():
+    with _listening_socket() as taken:
+        env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "JAX_COORDINATOR_PORT": str(taken.getsockname()[1])}
+        run = subprocess.run([sys.executable, "-m", "jaxsmp.train", "--steps", "1"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "error: the JAX coordinator port" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_an_mpi_launch_across_nodes_without_mpi_or_master_addr_is_an_error(monkeypatch):
