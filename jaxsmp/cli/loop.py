@@ -197,7 +197,8 @@ def _train(run: Run, history: History, stack: ExitStack) -> None:
             run.evaluate(evaluate, done, history)
         run.save()
         if signals.requested(done) and done < cfg.steps:
-            raise Preempted(done, signals.received, run.save(force=True))
+            run.save(force=True)  # no-op when this step was just saved: saved all the same
+            raise Preempted(done, signals.received, run.ckpt is not None)
 
 
 def run(cfg: TrainConfig) -> History:
