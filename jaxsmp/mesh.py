@@ -58,7 +58,7 @@ def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
 
 
 def _refuse_expert_parallelism(ep: int | None) -> None:
-    """``ep`` (expert parallelism, issue 37) is not implemented: only 1 is accepted."""
+    """``ep`` (expert parallelism) is not implemented: only 1 is accepted."""
     positive_int("mesh degree ep", ep, optional=True)
     if ep not in (None, 1):
         raise ValueError(

@@ -7,6 +7,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsmp.context.layout import balance, unbalance
+from jaxsmp.nn.stack import require_one_array
 
 
 def split_sequence(x: jax.Array, mesh: jax.sharding.Mesh, axes: tuple[str, ...]) -> jax.Array:
@@ -33,6 +34,8 @@ def over_context(scan: Callable, mesh: jax.sharding.Mesh, cp: int,
     split_outside = mesh.shape["tp"] == 1
 
     def run(apply, h, params, args, **kw):
+        require_one_array(h, "context parallelism (cp > 1)")
+
         def place(x):
             if not _per_token(x, h):
                 return x

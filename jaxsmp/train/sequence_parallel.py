@@ -16,6 +16,7 @@ from typing import Callable
 import jax
 
 from jaxsmp.context.sequence import split_sequence
+from jaxsmp.nn.stack import require_one_array
 
 
 def shard_sequence(h: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
@@ -27,6 +28,8 @@ def over_sequence(scan: Callable, mesh: jax.sharding.Mesh) -> Callable:
     """``scan`` (a layer scan, ``scan(apply, h, params, args)``) with every layer's input
     and output split over ``tp`` on the sequence."""
     def run(apply, h, params, args, **kw):
+        require_one_array(h, "sequence_parallel")
+
         def layer(w, x, layer_args):
             return shard_sequence(apply(w, shard_sequence(x, mesh), layer_args), mesh)
         return scan(layer, shard_sequence(h, mesh), params, args, **kw)

@@ -145,9 +145,10 @@ def test_trains_on_sharded_mesh():
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-@pytest.mark.parametrize("shape", [dict(sdp=4, tp=2), dict(dp=2, sdp=4)],
-                         ids=["sdp4-tp2", "dp2-sdp4"])
-def test_full_step_on_a_sharded_mesh_equals_one_device(shape):
+@pytest.mark.parametrize("shape, options", [
+    (dict(sdp=4, tp=2), {}), (dict(dp=2, sdp=4), {}), (dict(sdp=4, tp=2), dict(microbatches=2))],
+    ids=["sdp4-tp2", "dp2-sdp4", "sdp4-tp2-microbatches2"])
+def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options):
     """SGD at lr 1000, update applied: every parameter's update and grad_norm equal one
     device's. The load-balancing loss is off: each data shard computes it over its own
     tokens (as Megatron and MaxText do per micro-batch), which is not the global batch's;
@@ -155,7 +156,7 @@ def test_full_step_on_a_sharded_mesh_equals_one_device(shape):
     cfg = _tiny(router_aux_loss_coef=0.0, router_z_loss_coef=1e-2)
     tokens = np.random.default_rng(7).integers(0, 256, (8, 16)).astype(np.int32)
     want = sgd_update(cfg, single_device_mesh(), tokens, loss=_scalar_metrics_loss)
-    got = sgd_update(cfg, jaxsmp.Mesh(**shape), tokens, loss=_scalar_metrics_loss)
+    got = sgd_update(cfg, jaxsmp.Mesh(**shape), tokens, loss=_scalar_metrics_loss, **options)
     assert_gradients_match(got, want)
     for key in ("z_loss", "lm_loss", "balance"):
         np.testing.assert_allclose(got[1][key], want[1][key], rtol=1e-5, err_msg=key)
@@ -182,3 +183,17 @@ def test_sharded_load_balancing_loss_is_the_mean_over_data_shards():
     per_shard = np.mean([float(aux(tokens[i:i + 1])) for i in range(8)])
     np.testing.assert_allclose(got, per_shard, rtol=1e-5)
     assert abs(got - float(aux(tokens))) > 1e-4  # the global batch's differs
+
+
+@pytest.mark.parametrize("shape, options, feature", [
+    (dict(sdp=4, cp=2), {}, r"context parallelism \(cp > 1\)"),
+    (dict(sdp=4, pp=2), {}, r"pipeline parallelism \(pp > 1\)"),
+    (dict(sdp=4, pp=2), dict(pipeline="interleaved", microbatches=2), r"pipeline parallelism \(pp > 1\)"),
+    (dict(sdp=4, tp=2), dict(sequence_parallel=True), "sequence_parallel"),
+], ids=["cp2", "pp2", "pp2-interleaved", "sequence-parallel"])
+def test_what_cannot_carry_router_statistics_yet_is_refused(shape, options, feature):
+    tokens = np.random.default_rng(9).integers(0, 256, (8, 16)).astype(np.int32)
+    state = jaxsmp.init(_tiny().build, optax.sgd(0.1), jaxsmp.Mesh(**shape), seed=0)
+    with pytest.raises(ValueError, match=f"{feature} runs stacked layers whose carry is one "
+                                         "hidden-state array.*does not support yet"):
+        jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)(state, {"tokens": tokens})
