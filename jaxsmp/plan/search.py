@@ -162,7 +162,13 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
     fit in memory, fastest first (``include_unfit``: then the others, smallest first)."""
     positive_int("global_batch", global_batch)
     cluster.node.gpu.check_precision(precision)
-    w = _workload(load_model(model_config), seq_len)
+    config = load_model(model_config)
+    if hasattr(config, "num_local_experts"):
+        raise ValueError(f"the planner does not price mixture-of-experts models yet "
+                         f"({type(config).__name__}: no all-to-all cost, no expert "
+                         f"parallelism, and pp, cp and sequence_parallel are refused for "
+                         f"them); choose the mesh by hand")
+    w = _workload(config, seq_len)
     def every(context: Sequence[int] | None) -> list[Plan]:
         return [evaluate(w, c, cluster, semantics) for c in
                 candidates(w, cluster, global_batch, precision, remats, schedules,
