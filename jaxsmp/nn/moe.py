@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.linear import Linear
 from jaxsmp.nn.param import logical_param
 
@@ -90,6 +91,9 @@ class MoE(nnx.Module):
         return logits, chosen, jax.nn.softmax(top, axis=-1)
 
     def __call__(self, x: jax.Array, stats: Stats) -> tuple[jax.Array, Stats]:
+        if current_layer_context().fp8:
+            raise ValueError("precision='fp8' has no float8 grouped GEMM for a mixture of "
+                             "experts yet; use precision='bf16'")
         b, s, d = x.shape
         t = x.reshape(b * s, d)
         logits, chosen, weights = self.route(t)

@@ -197,3 +197,10 @@ def test_what_cannot_carry_router_statistics_yet_is_refused(shape, options, feat
     with pytest.raises(ValueError, match=f"{feature} runs stacked layers whose carry is one "
                                          "hidden-state array.*does not support yet"):
         jaxsmp.step(jaxsmp.losses.causal_lm_loss, **options)(state, {"tokens": tokens})
+
+
+def test_fp8_is_refused_for_the_experts():
+    tokens = np.random.default_rng(10).integers(0, 256, (2, 16)).astype(np.int32)
+    state = jaxsmp.init(_tiny().build, optax.sgd(0.1), single_device_mesh(), seed=0)
+    with pytest.raises(ValueError, match="precision='fp8' has no float8 grouped GEMM"):
+        jaxsmp.step(jaxsmp.losses.causal_lm_loss, precision="fp8")(state, {"tokens": tokens})
