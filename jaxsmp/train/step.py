@@ -86,7 +86,18 @@ class _Step:
 
     def __init__(self, fn: LossFn, options: StepOptions):
         self.fn, self.options = fn, options
+        self._partitions: dict = {}  # auto's (split, head, why) per state and batch shapes
         functools.update_wrapper(self, fn)
+
+    def _prepare(self, state: TrainState, batch: Any,
+                 microbatches: int) -> tuple[TrainState, Any, PipelinePlan]:
+        """What every call does before tracing: settings the mesh cannot serve fail,
+        fp8 histories are added, the batch is placed, and the pipeline plan is resolved
+        for its shapes (``auto``'s split costed). The step traces with that plan."""
+        _plan(state, self.options)
+        state = self._with_fp8(state)
+        batch = self._place(state, batch, microbatches)
+        return state, batch, self._resolved_plan(state, batch)
 
     def _collectives(self, state: TrainState) -> str:
         return self.options.collectives or state.mesh.collectives
@@ -132,23 +143,21 @@ class _Step:
                              batch)
         chunks = _plan(state, self.options).chunks
         key = (jax.tree.structure(state), str(jax.tree.map(jnp.shape, (state.params, micro))))
-        cache = self.__dict__.setdefault("_partitions", {})
-        if key not in cache:
+        if key not in self._partitions:
             counts, spread, why = stage_costs.auto_partition(self.fn, state, self.options,
                                                              micro, layers, chunks)
-            cache[key] = ("equal" if len(set(counts)) == 1 else counts, spread, why)
-        return cache[key]
+            self._partitions[key] = ("equal" if len(set(counts)) == 1 else counts, spread, why)
+        return self._partitions[key]
 
     def explain(self, state: TrainState, batch: Any) -> Explanation:
         """What this step runs on ``batch`` (arrays or shapes) and why: the attention
         kernel, context-parallel strategy, pipeline split, collectives, precision and
         remat, from a trace of the step itself (:mod:`jaxsmp.train.explain`)."""
-        _plan(state, self.options)
         train = isinstance(self, TrainStep)  # eval splits batches only for the pipeline
-        state = self._with_fp8(state)
-        batch = self._place(state, batch, self.options.microbatches
-                            if train or state.mesh.pp > 1 else 1)
-        return explain_step(self, state, batch, self._gradients if train else self._eval)
+        state, batch, plan = self._prepare(state, batch, self.options.microbatches
+                                           if train else self._microbatches(state))
+        body = self._gradients if train else self._eval
+        return explain_step(self, state, batch, functools.partial(body, plan))
 
     def _with_fp8(self, state: TrainState) -> TrainState:
         """With ``precision="fp8"``: checked, and amax histories added if missing."""
@@ -167,23 +176,26 @@ class TrainStep(_Step):
     def __init__(self, fn: LossFn, options: StepOptions):
         super().__init__(fn, options)
         self._compiled: dict = {}
+        self._offloads_checked: set = set()  # (jit key, batch shapes) compiled and checked
 
-    def _jitted(self, state: TrainState, gradients_only: bool = False):
-        key = (jax.tree.structure(state), gradients_only)
+    def _jitted(self, state: TrainState, plan: PipelinePlan, gradients_only: bool = False):
+        key = (jax.tree.structure(state), plan, gradients_only)
         if key not in self._compiled:
             xla = precision_policy(self.options.precision).compiler_options
             if gradients_only:
                 shardings = state_shardings(state.params, state.mesh)
-                self._compiled[key] = jax.jit(self._gradient_metrics, compiler_options=xla,
-                                              out_shardings=(shardings, None))
+                self._compiled[key] = jax.jit(
+                    functools.partial(self._gradient_metrics, plan), compiler_options=xla,
+                    out_shardings=(shardings, None))
             else:
-                self._compiled[key] = jax.jit(self._step, donate_argnums=0, out_shardings=(
-                    state_shardings(state, state.mesh), None), compiler_options=xla)
+                self._compiled[key] = jax.jit(
+                    functools.partial(self._step, plan), donate_argnums=0, out_shardings=(
+                        state_shardings(state, state.mesh), None), compiler_options=xla)
         return self._compiled[key]
 
-    def _gradients(self, state: TrainState, batch: Any):
+    def _gradients(self, plan: PipelinePlan, state: TrainState, batch: Any):
         """(float32 gradients of the mean loss, sharded like the parameters; loss; metrics)."""
-        mesh, plan = state.mesh, self._resolved_plan(state, batch)
+        mesh = state.mesh
         forward = self._forward(state)
         dynamic = precision_policy(self.options.precision).loss_scaling
         scale = state.loss_scale.scale if dynamic else jnp.float32(1.0)
@@ -208,46 +220,45 @@ class TrainStep(_Step):
             grads = jax.tree.map(lambda g: g / scale, grads)
         return grads, loss, metrics
 
-    def _gradient_metrics(self, state: TrainState, batch: Any):
-        grads, loss, metrics = self._gradients(state, batch)
+    def _gradient_metrics(self, plan: PipelinePlan, state: TrainState, batch: Any):
+        grads, loss, metrics = self._gradients(plan, state, batch)
         grad_norm = optax.tree.norm(fp8_state.trainable(grads))
         return grads, {"loss": loss, **metrics, "grad_norm": grad_norm}
 
-    def _step(self, state: TrainState, batch: Any):
-        grads, loss, metrics = self._gradients(state, batch)
+    def _step(self, plan: PipelinePlan, state: TrainState, batch: Any):
+        grads, loss, metrics = self._gradients(plan, state, batch)
         new_state, update_metrics = apply_gradients(state, grads, self.options)
         return new_state, {"loss": loss, **metrics, **update_metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        _plan(state, self.options)  # bad pipeline settings fail before compiling
-        state = self._with_fp8(state)
-        batch = self._place(state, batch, self.options.microbatches)
-        self._resolved_plan(state, batch)  # auto: costed
-        jitted = self._jitted(state)
-        if self.options.remat == "offload" and jitted._cache_size() == 0:
-            check_offloads(jitted.lower(state, batch).compile().as_text())
+        state, batch, plan = self._prepare(state, batch, self.options.microbatches)
+        jitted = self._jitted(state, plan)
+        if self.options.remat == "offload":
+            self._check_offloads(jitted, plan, state, batch)
         return jitted(state, batch)
+
+    def _check_offloads(self, jitted, plan: PipelinePlan, state: TrainState, batch: Any):
+        """Once per compiled program: ``remat="offload"`` kept something in host memory
+        (a backend that drops the offload fails here, before running)."""
+        key = (jax.tree.structure(state), plan, str(jax.tree.map(jnp.shape, batch)))
+        if key not in self._offloads_checked:
+            check_offloads(jitted.lower(state, batch).compile().as_text())
+            self._offloads_checked.add(key)
 
     def gradients(self, state: TrainState, batch: Any) -> tuple[nnx.State, dict]:
         """The step's gradients without updating anything: float32, sharded like the
         parameters, unscaled, before clipping; and the metrics ``loss``, ``grad_norm``
         and the loss function's own. ``state`` is not donated."""
-        _plan(state, self.options)
-        state = self._with_fp8(state)
-        batch = self._place(state, batch, self.options.microbatches)
-        self._resolved_plan(state, batch)  # auto: costed
-        return self._jitted(state, gradients_only=True)(state, batch)
+        state, batch, plan = self._prepare(state, batch, self.options.microbatches)
+        return self._jitted(state, plan, gradients_only=True)(state, batch)
 
     def lower(self, state: TrainState, batch: Any, platforms: tuple[str, ...] | None = None):
         """The lowered step (for ``.compile().memory_analysis()`` and cost analysis).
         ``state`` and ``batch`` may be abstract (``jax.ShapeDtypeStruct``, e.g. from
         ``jaxsmp.checkpoint.abstract_state``); ``platforms`` lowers for other backends
         than this host's, e.g. ``("cuda",)``."""
-        _plan(state, self.options)
-        state = self._with_fp8(state)
-        batch = self._place(state, batch, self.options.microbatches)
-        self._resolved_plan(state, batch)  # auto: costed
-        traced = self._jitted(state).trace(state, batch)
+        state, batch, plan = self._prepare(state, batch, self.options.microbatches)
+        traced = self._jitted(state, plan).trace(state, batch)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
 
@@ -258,12 +269,10 @@ class EvalStep(_Step):
 
     def __init__(self, fn: LossFn, options: StepOptions):
         super().__init__(fn, options)
-        self._jit = jax.jit(self._eval, compiler_options=precision_policy(
-            options.precision).compiler_options)
+        self._jits: dict = {}  # one jit per resolved plan
 
-    def _eval(self, state: TrainState, batch: Any) -> dict:
+    def _eval(self, plan: PipelinePlan, state: TrainState, batch: Any) -> dict:
         mesh, forward = state.mesh, self._forward(state)
-        plan = self._resolved_plan(state, batch)
         staged = plan.to_stages(state.params)
 
         def body(params, batch):
@@ -276,11 +285,24 @@ class EvalStep(_Step):
         return {"loss": loss, **metrics}
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
-        microbatches = self.options.microbatches if state.mesh.pp > 1 else 1
-        state = self._with_fp8(state)
-        batch = self._place(state, batch, microbatches)
-        self._resolved_plan(state, batch)  # auto: costed
-        return self._jit(state, batch)
+        state, batch, plan = self._prepare(state, batch, self._microbatches(state))
+        return self._jitted(plan)(state, batch)
+
+    def lower(self, state: TrainState, batch: Any):
+        """The lowered evaluation (``state`` and ``batch`` may be abstract), as calling
+        the step compiles it: ``.compile()`` for its program and memory."""
+        state, batch, plan = self._prepare(state, batch, self._microbatches(state))
+        return self._jitted(plan).trace(state, batch).lower()
+
+    def _microbatches(self, state: TrainState) -> int:
+        return self.options.microbatches if state.mesh.pp > 1 else 1
+
+    def _jitted(self, plan: PipelinePlan):
+        if plan not in self._jits:
+            self._jits[plan] = jax.jit(functools.partial(self._eval, plan),
+                                       compiler_options=precision_policy(
+                                           self.options.precision).compiler_options)
+        return self._jits[plan]
 
 
 def step(fn: LossFn | None = None, **options: Any):

@@ -1,4 +1,5 @@
 """Shared fixtures for jaxsmp tests: a tiny GPT-NeoX, random tokens, a training run."""
+import contextlib
 from typing import Callable
 
 import jax
@@ -35,6 +36,22 @@ def train(config, mesh: jaxsmp.Mesh, tokens: np.ndarray, steps: int = 3,
         state, metrics = train_step(state, {"tokens": tokens})
         losses.append(float(metrics["loss"]))
     return state, losses
+
+
+@contextlib.contextmanager
+def compiled_programs():
+    """The names of the programs XLA compiles inside the block (jax.monitoring's
+    backend-compile event; a cache hit compiles nothing)."""
+    names: list[str] = []
+
+    def listen(event: str, seconds: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kwargs.get("fun_name", "?"))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def gradients(config, mesh: jaxsmp.Mesh, tokens: np.ndarray,

@@ -75,10 +75,10 @@ def test_the_trainers_fp8_steps_run_fp8_gemms_on_h100():
     config = jaxsmp.models.preset("llama", "tiny", num_hidden_layers=2, attention_impl="cudnn")
     assert fp8_split(compile_h100(train_step, config, dict(sdp=8))) == documented_split("llama")
     mesh = jaxsmp.Mesh(sdp=8, devices=gpu_target.topology("H100-SXM"))
-    state = evaluate._with_fp8(abstract_state(config.build, optax.adamw(1e-4), mesh))
-    tokens = evaluate._place(state, {"tokens": jax.ShapeDtypeStruct((8, 256), np.int32)}, 1)
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    tokens = {"tokens": jax.ShapeDtypeStruct((8, 256), np.int32)}
     with gpu_target.compiling_for("H100-SXM"), jax.set_mesh(mesh.jax_mesh):
-        compiled = evaluate._jit.lower(state, tokens).compile()
+        compiled = evaluate.lower(state, tokens).compile()
     # the layer loop's body; the entry runs the (bf16) vocabulary projection
     assert fp8_split(compiled) == [0, LINEARS["llama"]] and other_gemms(compiled) == 1
 

@@ -7,8 +7,8 @@ import pytest
 
 import jaxsmp
 import hlo
-from conftest import (assert_gradients_match, gradients, leaves, single_device_mesh,
-                      train)
+from conftest import (assert_gradients_match, compiled_programs, gradients, leaves,
+                      single_device_mesh, train)
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.precision import LossScale
 
@@ -105,11 +105,14 @@ def test_metrics_and_no_recompilation(tiny_config, tokens):
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=3e-4)
     state = jaxsmp.init(tiny_config.build, tx, mesh)
     train_step = jaxsmp.step(causal_lm_loss)
-    for _ in range(3):
+    with compiled_programs() as first:
         state, metrics = train_step(state, {"tokens": tokens})
+    with compiled_programs() as later:
+        for _ in range(2):
+            state, metrics = train_step(state, {"tokens": tokens})
     assert set(metrics) >= {"loss", "grad_norm", "learning_rate", "skipped"}
     assert float(metrics["learning_rate"]) == pytest.approx(3e-4)
-    assert train_step._jitted(state)._cache_size() == 1
+    assert first.count("jit(_step)") == 1 and later == []
     assert int(state.step) == 3
 
 
@@ -169,11 +172,12 @@ def test_bad_step_options():
 def test_bad_tokens_fail_before_compiling(tiny_config, tokens, tokens_fn, match):
     state = jaxsmp.init(tiny_config.build, optax.sgd(0.1), jaxsmp.Mesh(sdp=8))
     train_step = jaxsmp.step(causal_lm_loss)
-    with pytest.raises(ValueError, match=match):
-        train_step(state, {"tokens": tokens_fn(tokens)})
-    with pytest.raises(ValueError, match=match):
-        jaxsmp.eval_step(causal_lm_loss)(state, {"tokens": tokens_fn(tokens)})
-    assert train_step._jitted(state)._cache_size() == 0  # nothing was compiled
+    with compiled_programs() as compiled:
+        with pytest.raises(ValueError, match=match):
+            train_step(state, {"tokens": tokens_fn(tokens)})
+        with pytest.raises(ValueError, match=match):
+            jaxsmp.eval_step(causal_lm_loss)(state, {"tokens": tokens_fn(tokens)})
+    assert not {"jit(_step)", "jit(_eval)"} & set(compiled)  # nothing was compiled
 
 
 def _set(tokens, index, value):
