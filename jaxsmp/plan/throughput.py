@@ -31,6 +31,11 @@ ELEMENTWISE_PASSES = 4
 # FlashAttention's backward runs 5 matmuls of the forward's 2 (Dao 2023).
 ATTENTION_BACKWARD = 2.5
 ADAMW_BYTES_PER_PARAM = 32   # read params, grads, mu, nu; write params, mu, nu (float32)
+# each further microbatch adds its gradient to the float32 total: read both, write one
+ACCUMULATE_BYTES_PER_PARAM = 12
+# hidden-wide activations a layer's GEMMs read or write per token: the input and q, k, v;
+# the attention output in and out; the MLP's input and output (a count across families)
+GEMM_ACTIVATION_WIDTHS = 8
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul_flops = 2 * w.layer_matmul_params / split * tokens
-    matmul_bytes = cbytes * (w.layer_matmul_params / split + 8 * tokens * w.hidden)
+    matmul_bytes = cbytes * (w.layer_matmul_params / split
+                             + GEMM_ACTIVATION_WIDTHS * tokens * w.hidden)
     linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
     matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
                  matmul_bytes / hbm)
@@ -230,7 +236,7 @@ def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
 def _optimizer(w: Workload, c: Candidate, cluster: Cluster) -> float:
     """Unscaled seconds of AdamW and gradient accumulation over the local shards."""
     local = w.shards(c.mesh_shape).local
-    return (local * (ADAMW_BYTES_PER_PARAM + 12 * (c.grad_accum - 1))
+    return (local * (ADAMW_BYTES_PER_PARAM + ACCUMULATE_BYTES_PER_PARAM * (c.grad_accum - 1))
             / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
 
 

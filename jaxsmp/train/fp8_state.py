@@ -100,11 +100,6 @@ def _check_histories(model, history: int, vocab: bool) -> None:
             f"{history} on {len(want)}; use the fp8 settings the state was made with")
 
 
-def history_length(params: nnx.State) -> int | None:
-    lengths = {v.shape[-1] for v in jax.tree.leaves(params, is_leaf=is_var) if is_meta(v)}
-    return lengths.pop() if lengths else None
-
-
 def roll_histories(params: nnx.State, grads: nnx.State) -> nnx.State:
     """``params`` with each history rolled by its observation (column 0 of its
     cotangent in ``grads``, already max-reduced); parameters unchanged."""

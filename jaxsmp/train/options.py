@@ -9,6 +9,7 @@ from jaxsmp import xla_flags
 from jaxsmp.checks import positive_int
 from jaxsmp.context import STRATEGIES
 from jaxsmp.mesh import check_collectives
+from jaxsmp.nn.fp8 import DEFAULT_HISTORY
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
 from jaxsmp.train.precision import precision_policy
@@ -66,7 +67,7 @@ class StepOptions:
     optimizer stay float32 (docs/zero3-memory.md)."""
     microbatches: int = 1
     precision: str = "fp32"
-    fp8_history: int = 1024
+    fp8_history: int = DEFAULT_HISTORY
     fp8_vocab: bool = False
     remat: str = "none"
     clip_norm: float | None = 1.0
@@ -94,7 +95,7 @@ class StepOptions:
         positive_int("microbatches", self.microbatches)
         precision_policy(self.precision)
         positive_int("fp8_history", self.fp8_history)
-        if self.fp8_history != 1024 and not precision_policy(self.precision).fp8:
+        if self.fp8_history != DEFAULT_HISTORY and not precision_policy(self.precision).fp8:
             raise ValueError(f"fp8_history={self.fp8_history} needs precision='fp8', "
                              f"got precision={self.precision!r}")
         if self.fp8_vocab is not False and (self.fp8_vocab is not True or
