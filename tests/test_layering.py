@@ -3,6 +3,7 @@
 and ``jaxsmp/context/`` never import ``jaxsmp.train``; no two modules import each other,
 directly or round a longer cycle, at any depth (an import inside a function counts)."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 ROOT = Path(__file__).parents[1]
 RULES = [("collectives", "jaxsmp"), ("pallas_kernels", "jaxsmp"),
          ("jaxsmp/pipeline", "jaxsmp.train"), ("jaxsmp/context", "jaxsmp.train")]
+OURS = ("jaxsmp", "collectives", "pallas_kernels")
 
 
 def imported(path: Path) -> set[str]:
@@ -35,6 +37,74 @@ def violations(directory: Path, forbidden: str) -> list[str]:
 @pytest.mark.parametrize("directory, forbidden", RULES, ids=lambda r: str(r))
 def test_a_package_never_imports_what_its_layer_forbids(directory, forbidden):
     assert violations(ROOT / directory, forbidden) == []
+
+
+def unit(name: str) -> str:
+    """The architecture table's unit of a module name or path: ``collectives``,
+    ``pallas_kernels``, a ``jaxsmp`` subpackage or root module, or ``jaxsmp`` itself."""
+    parts = name.replace("/", ".").removesuffix(".py").split(".")
+    return parts[1] if parts[0] == "jaxsmp" and len(parts) > 1 else parts[0]
+
+
+def architecture_table() -> dict[str, set[str] | None]:
+    """docs/architecture.md's table: unit -> the units it may import (None: any)."""
+    allowed = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        cells = line.split("|")
+        if len(cells) != 5 or not cells[1].strip().startswith("`"):
+            continue
+        units = [unit(u.strip("/")) for u in re.findall(r"`([^`]+)`", cells[1])]
+        may = (None if "everything" in cells[3]
+               else {unit(u) for u in re.findall(r"`([^`]+)`", cells[3])})
+        allowed.update({u: may for u in units})
+    return allowed
+
+
+def imported_units(path: Path) -> set[str]:
+    """The units ``path`` imports at any depth: ``from a import b`` counts ``a.b`` where
+    that is a module, else ``a`` (``from jaxsmp import step`` uses the front)."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(p for p in (base, node.module) if p)
+            names |= {f"{module}.{a.name}" if _is_module(f"{module}.{a.name}") else module
+                      for a in node.names}
+    return {unit(n) if n != "jaxsmp" else "jaxsmp" for n in names if n.split(".")[0] in OURS}
+
+
+def _is_module(name: str) -> bool:
+    base = ROOT / Path(*name.split("."))
+    return base.is_dir() or base.with_suffix(".py").exists()
+
+
+def architecture_violations(table: dict) -> list[str]:
+    found = []
+    for path in (p for package in OURS for p in (ROOT / package).rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if relative.name == "__main__.py" or relative == Path("jaxsmp/__init__.py"):
+            continue  # entry points and the package's front: anything
+        own = unit(str(relative))
+        assert own in table, f"{relative}: no row of docs/architecture.md's table"
+        may = table[own]
+        found += [f"{relative} imports {u}" for u in imported_units(path)
+                  if u != own and may is not None and u not in may]
+    return sorted(found)
+
+
+def test_every_import_is_one_the_architecture_table_allows():
+    assert architecture_violations(architecture_table()) == []
+
+
+def test_the_table_check_sees_an_import_the_table_does_not_list():
+    table = architecture_table()
+    assert table["pipeline"] == {"checks", "nn", "pallas_kernels"}
+    assert table["cli"] is None and table["collectives"] == set()
+    narrowed = {**table, "plan": table["plan"] - {"train"}}
+    assert "jaxsmp/plan/throughput.py imports train" in architecture_violations(narrowed)
 
 
 def test_the_check_sees_plain_relative_and_nested_imports(tmp_path, monkeypatch):

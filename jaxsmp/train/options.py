@@ -33,54 +33,57 @@ REDUCE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 @dataclass(frozen=True)
 class StepOptions:
-    """``microbatches``: gradient-accumulation steps per global batch. ``precision``:
-    ``fp32``, ``bf16``, ``fp16`` (dynamic loss scaling) or ``fp8`` (float8 matmuls with
-    ``fp8_history`` steps of amax history, :mod:`jaxsmp.nn.fp8`; the vocabulary
-    projection too with ``fp8_vocab``). ``remat``: ``none``,
-    ``full``, ``save_matmuls`` or ``offload``. ``clip_norm``: global-norm clipping
-    (``None`` disables). ``collectives``: the sdp gather algorithm (default: the
-    mesh's). ``bucket``: gather each layer's parameters with one collective over
-    one flat buffer instead of one per parameter. ``prefetch``: gather the next layer
-    while one computes, and reduce-scatter a layer's gradient while the next one's
-    backward runs; ``None`` (default): on where collectives run beside compute (GPU)
-    and XLA does not pipeline them itself (:meth:`prefetches`), off elsewhere (XLA:CPU
-    runs them in line, so prefetch would only cost memory; docs/benchmarks.md).
-    ``sequence_parallel`` (needs tp > 1): Megatron sequence parallelism, activations
-    between the tensor-parallel matmuls split over tp on the sequence
-    (:mod:`jaxsmp.train.sequence_parallel`). ``pipeline`` (when the mesh has
-    pp > 1): ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of layers per
-    stage) or ``interleaved`` (1F1B, driven by hand); then ``microbatches`` is
-    the pipeline's microbatch count (see :mod:`jaxsmp.pipeline`), and
-    ``pipeline_partition`` how many layers each stage holds: ``auto`` (balanced on the
-    model's compiled layer and head costs, :mod:`jaxsmp.train.stage_costs`), ``equal``
-    or one count per stage (per virtual stage with ``virtual``); ``pipeline_head``
-    (1F1B) where the vocabulary projection and loss run: ``last`` (the last stage's
-    forward ticks), ``spread`` (every stage on ``1/pp`` of each microbatch's examples,
-    which ``pp`` must divide) or ``auto`` (the faster on the same compiled costs;
-    ``simple`` and ``virtual`` run the head on every stage). ``context_parallel``
-    (needs cp > 1 when not ``auto``): how attention reaches the other ``cp`` devices'
-    tokens, ``ulysses``, ``ring`` or ``auto`` (see :mod:`jaxsmp.context`).
-    ``reduce_dtype``: the dtype gradients travel in through the reduce-scatter over
-    ``sdp`` and the all-reduce over the data replicas, ``fp32`` or ``bf16`` (half the
-    bytes; reduced as the bf16 GEMMs wrote them); ``None`` (default): ``bf16`` with
-    ``precision="bf16"``, else ``fp32``. Accumulation across microbatches and the
-    optimizer stay float32 (docs/zero3-memory.md)."""
+    """How ``@jaxsmp.step`` runs a loss: each field is documented where it is declared.
+    The trainer's flags come from ``STEP_HELP`` (:mod:`jaxsmp.cli.config`)."""
     microbatches: int = 1
+    """Gradient-accumulation steps per global batch; with ``pp > 1`` the pipeline's
+    microbatch count (:mod:`jaxsmp.pipeline`)."""
     precision: str = "fp32"
+    """``fp32``, ``bf16``, ``fp16`` (dynamic loss scaling) or ``fp8`` (float8 layer
+    matmuls with delayed scaling, :mod:`jaxsmp.nn.fp8`)."""
     fp8_history: int = DEFAULT_HISTORY
+    """fp8: steps of amax history that scale each float8 matmul."""
     fp8_vocab: bool = False
+    """fp8: the vocabulary projection in float8 too (untied heads only)."""
     remat: str = "none"
+    """``none``, ``full``, ``save_matmuls`` or ``offload`` (:mod:`jaxsmp.nn.remat`)."""
     clip_norm: float | None = 1.0
+    """Global-norm gradient clipping; ``None`` disables it."""
     collectives: str | None = None
+    """The ``sdp`` gather algorithm; ``None``: the mesh's (:mod:`collectives`)."""
     bucket: bool = True
+    """Gather each layer's parameters with one collective over one flat buffer, not one
+    per parameter."""
     prefetch: bool | None = None
+    """Gather the next layer while one computes, and reduce-scatter a layer's gradient
+    while the next one's backward runs. ``None``: on where collectives run beside
+    compute and XLA does not pipeline them itself (:meth:`prefetches`), off elsewhere
+    (XLA:CPU runs them in line, so prefetch would only cost memory)."""
     sequence_parallel: bool = False
+    """Megatron sequence parallelism (needs ``tp > 1``): activations between the
+    tensor-parallel matmuls split over ``tp`` on the sequence
+    (:mod:`jaxsmp.train.sequence_parallel`)."""
     pipeline: str = "simple"
+    """With ``pp > 1``: ``simple`` (GPipe), ``virtual`` (``virtual_chunks`` chunks of
+    layers per stage) or ``interleaved`` (1F1B, driven by hand)."""
     virtual_chunks: int = 2
+    """Chunks of layers per stage of the ``virtual`` schedule."""
     pipeline_partition: str | tuple[int, ...] = "auto"
+    """Layers per (virtual) stage: ``auto`` (balanced on the model's compiled layer and
+    head costs, :mod:`jaxsmp.train.stage_costs`), ``equal`` or one count per stage."""
     pipeline_head: str = "auto"
+    """1F1B: where the vocabulary projection and loss run: ``last`` (the last stage's
+    forward ticks), ``spread`` (every stage on ``1/pp`` of each microbatch's examples,
+    which ``pp`` must divide) or ``auto`` (the faster on the same compiled costs).
+    ``simple`` and ``virtual`` run the head on every stage after the ticks."""
     context_parallel: str = "auto"
+    """With ``cp > 1``: how attention reaches the other ``cp`` devices' tokens,
+    ``ulysses``, ``ring`` or ``auto`` (:mod:`jaxsmp.context`)."""
     reduce_dtype: str | None = None
+    """The dtype gradients travel in through the reduce-scatter over ``sdp`` and the
+    all-reduce over the data replicas: ``fp32`` or ``bf16`` (half the bytes). ``None``:
+    ``bf16`` with ``precision="bf16"``, else ``fp32``. Accumulation across microbatches
+    and the optimizer stay float32 (docs/zero3-memory.md)."""
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
