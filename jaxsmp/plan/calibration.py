@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HBM_EFFICIENCY = 0.85
+# FlashAttention's backward runs 5 matmuls of the forward's 2 (Dao 2023).
+ATTENTION_BACKWARD = 2.5
 COLLECTIVE_LAUNCH = 10e-6   # NCCL kernel launch and group synchronisation per call
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.hardware import GPU, Cluster
 from jaxsmp.plan.hlo_cost import Collective, KernelTime, Rates, estimate
-from jaxsmp.plan.throughput import _all_reduce, _collective, _cost
+from jaxsmp.plan.comm import all_reduce_seconds, axis_cost, gather_seconds
 
 
 def rates(gpu: GPU, precision: str, fitted: Fitted = FITTED) -> Rates:
@@ -33,11 +33,11 @@ def collective_seconds(c: Collective, cluster: Cluster) -> float:
     if c.group_size == 1:
         return 0.0
     if c.kind in ("all-gather", "reduce-scatter"):
-        one = _collective(cluster, c.group_size, c.stride, c.nbytes / c.group_size)
+        one = gather_seconds(cluster, c.group_size, c.stride, c.nbytes / c.group_size)
     elif c.kind == "all-reduce":
-        one = _all_reduce(cluster, c.group_size, c.stride, c.nbytes)
+        one = all_reduce_seconds(cluster, c.group_size, c.stride, c.nbytes)
     else:   # collective-permute, all-to-all, send/recv: each device sends its buffer
-        topo, model = _cost(cluster, c.group_size, c.stride)
+        topo, model = axis_cost(cluster, c.group_size, c.stride)
         share = (c.group_size - 1) / c.group_size if c.kind == "all-to-all" else 1.0
         one = model.send(c.nbytes * share, across_hosts=topo.hosts > 1)
     return one * c.count

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
 
-import collectives
-from collectives import CostModel, Topology
-from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.calibration import ATTENTION_BACKWARD, FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.comm import (all_reduce_seconds, context_transfers, gather_seconds,
+                              stage_send_seconds)
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.pipeline.partition import balanced_counts
@@ -28,8 +28,6 @@ from jaxsmp.train.precision import precision_policy
 # Memory-bound work per layer: the forward writes the layer's activations once, the
 # backward reads them and writes and reads their gradients (4 passes; 5 with recompute).
 ELEMENTWISE_PASSES = 4
-# FlashAttention's backward runs 5 matmuls of the forward's 2 (Dao 2023).
-ATTENTION_BACKWARD = 2.5
 ADAMW_BYTES_PER_PARAM = 32   # read params, grads, mu, nu; write params, mu, nu (float32)
 # each further microbatch adds its gradient to the float32 total: read both, write one
 ACCUMULATE_BYTES_PER_PARAM = 12
@@ -72,37 +70,6 @@ class _Layer:
     cp: float = 0.0
 
 
-def group_topology(size: int, stride: int, per_host: int) -> tuple[Topology, int]:
-    """The topology of a mesh-axis group of ``size`` devices ``stride`` apart (devices
-    fill hosts of ``per_host`` in order), and how many such groups share each host."""
-    if stride >= per_host:
-        return Topology(size, 1), per_host
-    inside = min(size, per_host // stride)
-    return Topology(size // inside, inside), stride
-
-
-def _cost(cluster: Cluster, size: int, stride: int) -> tuple[Topology, CostModel]:
-    topo, sharing = group_topology(size, stride, cluster.node.gpus)
-    model = cluster.node.cost_model()
-    return topo, (model.sharing_network(sharing) if topo.hosts > 1 else model)
-
-
-def _collective(cluster: Cluster, size: int, stride: int, shard_bytes: float) -> float:
-    """An all-gather (or reduce-scatter) of ``shard_bytes`` per rank, best algorithm."""
-    if size == 1:
-        return 0.0
-    topo, model = _cost(cluster, size, stride)
-    algorithm = collectives.choose(int(shard_bytes), topo, model)
-    return COLLECTIVE_LAUNCH + model.predict(algorithm, shard_bytes, topo)
-
-
-def _all_reduce(cluster: Cluster, size: int, stride: int, nbytes: float) -> float:
-    if size == 1:
-        return 0.0
-    topo, model = _cost(cluster, size, stride)
-    return COLLECTIVE_LAUNCH + model.all_reduce("ring", nbytes, topo)
-
-
 def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
            fitted: Fitted) -> _Layer:
     gpu, hbm = cluster.node.gpu, cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
@@ -128,54 +95,17 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
         recompute += forward        # 1F1B's backward recomputes its stage
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp
     per_layer = shards.layer_gathered * c.tp / split / zero
-    gather = _collective(cluster, zero, c.tp, cbytes * per_layer)
-    reduce_scatter = _collective(cluster, zero, c.tp, 4 * per_layer)
+    gather = gather_seconds(cluster, zero, c.tp, cbytes * per_layer)
+    reduce_scatter = gather_seconds(cluster, zero, c.tp, 4 * per_layer)
     if not semantics.keeps_gathered(c.remat):
         reduce_scatter += gather    # gathered again for the backward pass
     reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
-    tp = reductions * _all_reduce(cluster, split, 1, tokens * w.hidden * cbytes)
+    tp = reductions * all_reduce_seconds(cluster, split, 1, tokens * w.hidden * cbytes)
     host = w.activations(c.remat, c.precision).host / split * tokens
     offload = 2 * host / cluster.node.pcie_bandwidth
     cp_forward, cp_backward = context_transfers(w, c, cluster, split, attention)
     cp = cp_forward * (2 if c.remat != "none" else 1) + cp_backward  # recompute: again
     return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp)
-
-
-def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,
-                      attention: float) -> tuple[float, float]:
-    """Exposed seconds of one layer's cp attention transfers (forward, backward) on one
-    device, ``attention``: the forward attention's compute; the strategy is the one
-    ``context_parallel="auto"`` picks. cp groups are ``tp``-strided inside a host, at the
-    in-host bandwidth tp's all-reduces use.
-
-    ``ulysses``: 4 all-to-alls each way (q, k, v to head-split, the output back), each
-    sending (cp-1)/cp of the local [tokens/cp, heads/tp, head_dim] tensor (k and v at
-    their kv heads, or at q's when repeated); taken as **exposed** (the kernel waits).
-    ``ring``: cp-1 ppermutes of the local k and v forward; backward k, v and float32
-    dk, dv for cp-1 steps and one last dk, dv home; taken as **overlapped** with each
-    step's block compute, exposed only beyond the attention's own time."""
-    if c.cp == 1:
-        return 0.0, 0.0
-    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
-    per_head = c.microbatch_size * w.seq_len // c.cp * (w.hidden // w.heads)
-    q = per_head * w.heads / split * cbytes
-    kv_heads = w.kv_heads / split
-    strategy = w.context_strategy(c.cp, split)
-    if strategy == "ulysses" and kv_heads % c.cp:
-        kv_heads = w.heads / split       # repeated to one per query head
-    kv = per_head * kv_heads * cbytes
-    topo, model = _cost(cluster, c.cp, c.tp)
-
-    def send(nbytes: float) -> float:
-        return COLLECTIVE_LAUNCH + model.send(nbytes, across_hosts=topo.hosts > 1)
-    if strategy == "ulysses":
-        each_way = 2 * send(q * (c.cp - 1) / c.cp) + 2 * send(kv * (c.cp - 1) / c.cp)
-        return each_way, each_way
-    grads = 2 * send(kv * 4 / cbytes)                    # float32 dk, dv
-    forward = (c.cp - 1) * 2 * send(kv)
-    backward = (c.cp - 1) * (2 * send(kv) + grads) + grads
-    return (max(0.0, forward - attention),
-            max(0.0, backward - ATTENTION_BACKWARD * attention))
 
 
 def _overlapped(layer: _Layer, semantics: Semantics,
@@ -278,10 +208,10 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
-    top = (_collective(cluster, zero, c.tp, cbytes * shards.top_gathered / zero)
-           + _collective(cluster, zero, c.tp, 4 * shards.top_gathered / zero))
+    top = (gather_seconds(cluster, zero, c.tp, cbytes * shards.top_gathered / zero)
+           + gather_seconds(cluster, zero, c.tp, 4 * shards.top_gathered / zero))
     tokens = c.microbatch_size * w.seq_len // c.cp
-    sends = 2 * c.virtual_chunks * _send(cluster, c, tokens * w.hidden * cbytes)
+    sends = 2 * c.virtual_chunks * stage_send_seconds(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
     bubble = (pipeline + m * sends) * _bubble(c)
     if c.pp > 1 and c.schedule == "interleaved":  # the head runs in the last stage's ticks
@@ -292,7 +222,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         tp=m * layers * layer.tp,
         pp=m * sends,
         bubble=bubble,
-        dp=_all_reduce(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
+        dp=all_reduce_seconds(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload,
         cp=m * layers * layer.cp, stages=split, spread_head=spread)
@@ -348,14 +278,6 @@ def _lockstep(c: Candidate, split: tuple[int, ...], layer: _Layer, per_layer: fl
     timing = fused_seconds if c.tp > 1 else one_f_one_b_seconds
     return timing(split, c.microbatches, forward, per_layer - forward, head,
                   spread_head=spread)
-
-
-def _send(cluster: Cluster, c: Candidate, nbytes: float) -> float:
-    """One microbatch's activations from one stage to the next."""
-    if c.pp == 1:
-        return 0.0
-    topo, model = _cost(cluster, c.pp, c.sdp * c.cp * c.tp)
-    return COLLECTIVE_LAUNCH + model.send(nbytes, across_hosts=topo.hosts > 1)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ import pytest
 import jaxsmp
 from jaxsmp.plan import COMPILED, Candidate, Workload, cluster, estimate_memory, plan
 from jaxsmp.plan.compiled import compile_memory
-from jaxsmp.plan.throughput import context_transfers, estimate_time
+from jaxsmp.plan.comm import context_transfers
+from jaxsmp.plan.throughput import estimate_time
 
 LLAMA_7B = Workload(jaxsmp.models.preset("llama", "7b"), 32768)
 H100_X8 = cluster("p5.48xlarge", 1)
