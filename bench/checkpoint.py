@@ -17,11 +17,11 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
 
 # bench/collectives.py would shadow the ``collectives`` package jaxsmp imports.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -32,8 +32,8 @@ import optax  # noqa: E402
 
 import jaxsmp  # noqa: E402
 from jaxsmp.checkpoint import CheckpointManager, abstract_state, describe_model  # noqa: E402
-from jaxsmp.models import count_params, preset  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
+from jaxsmp.models import count_params, preset  # noqa: E402
 
 
 def du(path: Path) -> int:

@@ -15,9 +15,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # no CUDA runtime here: compile deviceless
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import sys
+from pathlib import Path
 
 # bench/collectives.py would shadow the ``collectives`` package jaxsmp imports.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]

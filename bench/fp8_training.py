@@ -15,10 +15,10 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import sys
+import time
+from pathlib import Path
 
 # bench/collectives.py would shadow the ``collectives`` package jaxsmp imports.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -87,9 +87,9 @@ def print_table(curves: dict, tail: int) -> None:
 
 
 def plot(curves: dict, path: str) -> None:
-    import matplotlib  # noqa: PLC0415 (heavy; only when plotting)
+    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 4), squeeze=False)
     for ax, (family, c) in zip(axes[0], curves.items()):
         for name, style in (("bf16", "-"), ("fp8", "--"), ("bf16 seed 1", ":")):

@@ -107,7 +107,7 @@ def _layer(w: Width, batch_spec: P):
 
 
 def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P):
-    bf16 = lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t)  # noqa: E731
+    bf16 = lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t)
     s = tokens.shape[1]
     hd = w.d // w.heads
     freq = 1.0 / (10000.0 ** (np.arange(0, hd, 2) / hd))
@@ -140,7 +140,7 @@ def compile_step(devices, mesh_shape: dict, w: Width, seq: int, batch: int,
                                                          mesh_shape.get("tp", 1)),
                              ("fsdp", "tp"))
     batch_spec = P("fsdp", None, None)
-    sh = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    sh = lambda spec: NamedSharding(mesh, spec)
     param_sh = jax.tree.map(sh, specs(w, tp), is_leaf=lambda x: isinstance(x, P))
     abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32), shapes(w),
                             is_leaf=lambda x: isinstance(x, tuple))

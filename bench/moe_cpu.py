@@ -16,21 +16,21 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import argparse
+import statistics
+import sys
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jaxsmp  # noqa: E402
-from jaxsmp.models import count_params, preset  # noqa: E402
-from jaxsmp.nn.moe import router_stats  # noqa: E402
+import jaxsmp
+from jaxsmp.models import count_params, preset
+from jaxsmp.nn.moe import router_stats
 
 
 def median_seconds(fn, runs: int) -> float:

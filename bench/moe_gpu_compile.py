@@ -12,21 +12,21 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import collections  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import collections
+import re
+import sys
+import time
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import jax
+import numpy as np
+import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jaxsmp  # noqa: E402
-from jaxsmp.checkpoint import abstract_state  # noqa: E402
-from jaxsmp.losses import causal_lm_loss  # noqa: E402
-from jaxsmp.models import preset  # noqa: E402
-from jaxsmp.plan import gpu_target  # noqa: E402
+import jaxsmp
+from jaxsmp.checkpoint import abstract_state
+from jaxsmp.losses import causal_lm_loss
+from jaxsmp.models import preset
+from jaxsmp.plan import gpu_target
 
 GEMM = re.compile(r"^%(\S+) \(parameter_\S+: (\w+\[[\d,]+\]), parameter_\S+: (\w+\[[\d,]+\])\)"
                   r" -> (\w+\[[\d,]+\])")

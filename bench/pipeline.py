@@ -48,19 +48,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+from pipeline_balance import Head, balance_table
+from pipeline_tp import tp_table
 
-import jaxsmp  # noqa: E402
-from jaxsmp.nn import rotary_tables  # noqa: E402
-from jaxsmp.pipeline import StageRunner, partition  # noqa: E402
-from jaxsmp.pipeline.partition import stack_layers  # noqa: E402
-from pipeline_balance import Head, balance_table  # noqa: E402
-from pipeline_tp import tp_table  # noqa: E402
+import jaxsmp
+from jaxsmp.nn import rotary_tables
+from jaxsmp.pipeline import StageRunner, partition
+from jaxsmp.pipeline.partition import stack_layers
 
 SEQ, BATCH = 128, 32
 

@@ -19,8 +19,8 @@ from jaxsmp.losses import next_token_loss
 from jaxsmp.nn import rotary_tables
 from jaxsmp.pipeline import make_schedule
 from jaxsmp.pipeline.partition import stack_layers
-from jaxsmp.pipeline.timing import one_f_one_b_seconds
 from jaxsmp.pipeline.simulator import async_time, lockstep_time
+from jaxsmp.pipeline.timing import one_f_one_b_seconds
 
 PP, SDP, MICRO, BATCH, SEQ = 4, 2, 4, 32, 128  # 4 rows per microbatch and device
 WIDTH = dict(num_hidden_layers=8, hidden_size=512, num_attention_heads=8,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 import optax
+from pipeline_balance import _medians
 
 import jaxsmp
-from pipeline_balance import _medians
 
 MESH, BATCH, SEQ = dict(pp=2, sdp=2, tp=2), 32, 128
 WIDTH = dict(num_hidden_layers=8, hidden_size=256, num_attention_heads=8,

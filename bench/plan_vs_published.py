@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxsmp  # noqa: E402
-from jaxsmp.models.gpt_neox import GPTNeoXConfig  # noqa: E402
-from jaxsmp.plan import Candidate, cluster, evaluate, plan  # noqa: E402
-from jaxsmp.plan.calibration import FITTED, Fitted  # noqa: E402
-from jaxsmp.plan.candidate import TARGET  # noqa: E402
-from jaxsmp.plan.search import _workload  # noqa: E402
+import jaxsmp
+from jaxsmp.models.gpt_neox import GPTNeoXConfig
+from jaxsmp.plan import Candidate, cluster, evaluate, plan
+from jaxsmp.plan.calibration import FITTED, Fitted
+from jaxsmp.plan.candidate import TARGET
+from jaxsmp.plan.search import _workload
 
 MPT = "https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md"
 TITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md (2024 version)"

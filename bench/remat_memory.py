@@ -19,14 +19,14 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `collectives` the package
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import jax
+import numpy as np
+import optax
 
-import jaxsmp  # noqa: E402
-from jaxsmp.checkpoint import abstract_state  # noqa: E402
-from jaxsmp.nn.remat import POLICIES  # noqa: E402
-from jaxsmp.losses import causal_lm_loss  # noqa: E402
+import jaxsmp
+from jaxsmp.checkpoint import abstract_state
+from jaxsmp.losses import causal_lm_loss
+from jaxsmp.nn.remat import POLICIES
 
 
 def temp_bytes(hidden: int, layers: int, sdp: int, remat: str) -> int:

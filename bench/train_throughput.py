@@ -70,13 +70,13 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8"
                            + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
+import jax
+import numpy as np
+import optax
+from throughput_contenders import PAIRS, WORKLOADS
 
-import jaxsmp  # noqa: E402
-from jaxsmp.metrics.hlo import callees, computations, group_size, shape_bytes  # noqa: E402
-from throughput_contenders import PAIRS, WORKLOADS  # noqa: E402
+import jaxsmp
+from jaxsmp.metrics.hlo import callees, computations, group_size, shape_bytes
 
 
 def log(msg: str) -> None:

@@ -9,9 +9,9 @@ the cost model, the ffi timeout) comes from a ``with collectives.scope(...)`` bl
 from collectives.api import ALGORITHMS, all_gather, axis_topology, reduce_scatter
 from collectives.auto import choose, decide, explain
 from collectives.bucketing import all_gather_tree, reduce_scatter_tree
+from collectives.context import Scope, scope
 from collectives.cost_model import CostModel, cross_host_bytes
 from collectives.layout import axis_names
-from collectives.context import Scope, scope
 from collectives.topology import Topology
 
 __all__ = [

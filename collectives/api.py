@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
 from collectives import a2a, auto, hierarchical, ring, xla
-from collectives.layout import AxisName, axis_names, axis_size
 from collectives.context import current
+from collectives.layout import AxisName, axis_names, axis_size
 from collectives.topology import Topology
 
 # (x, axis_name, axis, topology) -> array, where topology describes the ranks of axis_name.

@@ -10,7 +10,6 @@ from collectives.layout import axis_names
 from collectives.profile import default_model
 from collectives.topology import Topology
 
-
 MARGIN = 0.05  # predicted within 5% of the fastest: a tie
 
 

@@ -23,8 +23,9 @@ import contextlib
 import contextvars
 import dataclasses
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 

@@ -46,7 +46,7 @@ class CostModel:
     measured: dict = field(default_factory=dict, compare=False)
 
     @classmethod
-    def p4d(cls) -> "CostModel":
+    def p4d(cls) -> CostModel:
         """Public constants of a p4d-class node: NVLink ~300 GB/s per GPU, 400 Gb/s EFA per
         node, PCIe gen4 x16 ~25 GB/s to host memory. Not measured here."""
         return cls(alpha_intra=5e-6, bw_intra=300e9, alpha_inter=20e-6, bw_inter=400e9 / 8,
@@ -57,7 +57,7 @@ class CostModel:
         Path(path).write_text(json.dumps(asdict(self), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostModel":
+    def load(cls, path: str | Path) -> CostModel:
         return cls(**json.loads(Path(path).read_text()))
 
     def measured_algorithms(self, op: str, topo: Topology) -> dict[str, Points]:
@@ -112,7 +112,7 @@ class CostModel:
             return self.alpha_inter + nbytes / self.bw_inter
         return self.alpha_intra + nbytes / self.bw_intra
 
-    def sharing_network(self, groups: int) -> "CostModel":
+    def sharing_network(self, groups: int) -> CostModel:
         """This model when ``groups`` collectives run at once on every host: they share
         its network bandwidth (each device keeps its own in-host link)."""
         if groups < 1:

@@ -1,8 +1,8 @@
 """Pair an all-gather with its reduce-scatter so each is the other's gradient."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import jax
 

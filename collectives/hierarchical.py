@@ -8,7 +8,7 @@ within the host; reduce-scatter first reduces within the host, then across hosts
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def free_port() -> int:

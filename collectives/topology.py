@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import jax
 import numpy as np
@@ -32,7 +32,7 @@ class Topology:
         return math.gcd(axis_size, self.devices_per_host)
 
     @classmethod
-    def from_devices(cls, devices: Sequence[jax.Device] | None = None) -> "Topology":
+    def from_devices(cls, devices: Sequence[jax.Device] | None = None) -> Topology:
         """One host per JAX process (``process_index``); all processes must own as many devices."""
         devices = list(jax.devices() if devices is None else devices)
         per_process = Counter(d.process_index for d in devices)
@@ -42,7 +42,7 @@ class Topology:
         return cls(hosts=len(per_process), devices_per_host=counts.pop())
 
     @classmethod
-    def for_mesh_axis(cls, mesh: jax.sharding.Mesh, axis_name: str | tuple[str, ...]) -> "Topology":
+    def for_mesh_axis(cls, mesh: jax.sharding.Mesh, axis_name: str | tuple[str, ...]) -> Topology:
         """Topology of the ranks along ``axis_name`` of ``mesh`` (same for every slice of the
         other axes). Ranks that are not laid out host-contiguously count as one host each."""
         names = axis_names(axis_name)

@@ -38,6 +38,7 @@ def to_jaxsmp(src: Path, dst: Path, mesh) -> None:
     """``dst/config.json`` (HF format) and ``dst/params`` (orbax, sharded)."""
     import orbax.checkpoint as ocp
     from flax import nnx
+
     from jaxsmp import hf
     config, _, params = hf.load_params(src, mesh)
     dst.mkdir(parents=True, exist_ok=True)
@@ -51,6 +52,7 @@ def load_jaxsmp(src: Path, mesh):
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
+
     from jaxsmp import hf
     from jaxsmp.train.state import abstract_params, state_shardings
     _, config = hf.load_config(src)

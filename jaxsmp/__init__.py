@@ -18,15 +18,15 @@ On a GPU, importing jaxsmp switches on XLA's collective/compute overlap flags fo
 installed jaxlib (``jaxsmp.xla_flags``; ``JAXSMP_XLA_FLAGS=0`` turns that off).
 """
 from jaxsmp import xla_flags
-xla_flags.apply()  # before anything starts JAX's backend  # noqa: E402
-from jaxsmp import checkpoint, hf, losses, models, nn, pipeline, sharding
+
+xla_flags.apply()  # before anything starts JAX's backend
+from jaxsmp import checkpoint, hf, losses, models, nn, pipeline, plan, sharding
 from jaxsmp.checkpoint import restore, save
 from jaxsmp.mesh import Mesh
+from jaxsmp.plan import preflight
 from jaxsmp.sharding.rules import DEFAULT_RULES
 from jaxsmp.train.state import TrainState, init
 from jaxsmp.train.step import StepOptions, eval_step, step
-from jaxsmp import plan  # noqa: E402  (a callable package: jaxsmp.plan(...) ranks plans)
-from jaxsmp.plan import preflight  # noqa: E402
 
 __all__ = ["DEFAULT_RULES", "Mesh", "StepOptions", "TrainState", "checkpoint", "eval_step",
            "hf", "init", "losses", "models", "nn", "pipeline", "plan", "preflight", "restore",

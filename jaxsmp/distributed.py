@@ -30,8 +30,8 @@ import math
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import jax
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import jax
 import numpy as np
 
 import collectives
-
 from jaxsmp.checks import positive_int
 
 # Outermost to innermost. tp varies fastest, so tp groups, then cp groups and then sdp

@@ -26,9 +26,9 @@ def _mfu_per_token_per_second(records: list[dict]) -> float | None:
 
 def plot_run(log_dir: str | os.PathLike, output: str | os.PathLike | None = None) -> Path:
     """Writes the loss and throughput figure of ``log_dir``; returns the PNG's path."""
-    import matplotlib  # noqa: PLC0415 (heavy; only when plotting)
+    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     records = read_metrics(log_dir)
     output = Path(output) if output else Path(log_dir) / "curves.png"

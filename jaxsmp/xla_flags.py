@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping, MutableMapping
 from importlib.util import find_spec
-from typing import Mapping, MutableMapping
 
 OPT_OUT = "JAXSMP_XLA_FLAGS"
 DEFAULT_LAYER_BYTES = 128 * 2**20   # a 1.3B-class layer in bf16; the CLI uses the model's

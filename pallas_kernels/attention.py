@@ -68,7 +68,7 @@ def decide_impl(dtype, head_dim: int, *, alibi: bool, segments: bool,
     """(:func:`choose_impl`'s implementation, why it is the one)."""
     platform = jax.devices()[0].platform if platform is None else platform
     if platform not in GPU_PLATFORMS:
-        mib = lambda n: f"{n / 2**20:.3g} MiB"  # noqa: E731
+        mib = lambda n: f"{n / 2**20:.3g} MiB"
         limit = mib(REFERENCE_SCORE_BYTES)
         if score_bytes is not None and score_bytes <= REFERENCE_SCORE_BYTES:
             return "reference", (f"{platform}: one float32 score matrix ({mib(score_bytes)}) "

@@ -13,8 +13,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.block_scores import (block_scores, dot_nn, dot_nt, dot_tn, key_block_scores,
-                                        num_key_blocks)
+from pallas_kernels.block_scores import (
+    block_scores,
+    dot_nn,
+    dot_nt,
+    dot_tn,
+    key_block_scores,
+    num_key_blocks,
+)
 from pallas_kernels.vma import match_vma, out_struct
 
 

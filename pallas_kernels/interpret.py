@@ -13,7 +13,8 @@ kernels never take this path. Call it outside autodiff (in a custom VJP's rules)
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,7 @@ any gradient (dS = P * (dO V^T - rowsum(dO * O)) = 0 on those rows).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

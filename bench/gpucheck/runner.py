@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None, base_env: dict | None = None) -> int:
             "budget_s": args.budget, "command": " ".join(sys.argv)}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    log = open(args.out / "gpu_check.log", "w") if args.out else None  # noqa: SIM115
+    log = open(args.out / "gpu_check.log", "w") if args.out else None
     writer = report.Writer(meta, results, args.results_dir, args.out, args.smoke)
     with tempfile.TemporaryDirectory(prefix="gpucheck-cache-") as cache:
         # a spare worker imports beside the running one: on a GPU host, not on a small CPU

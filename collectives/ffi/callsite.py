@@ -20,7 +20,7 @@ from collections import Counter
 from collectives import context
 
 _INTERNAL = ("collectives.", "jax.", "jaxlib.", "flax.", "contextlib", "functools")
-_seen: "weakref.WeakKeyDictionary[object, Counter]" = weakref.WeakKeyDictionary()
+_seen: weakref.WeakKeyDictionary[object, Counter] = weakref.WeakKeyDictionary()
 
 
 def caller() -> str:

@@ -11,8 +11,8 @@ block ``b``. Everything here is computed identically by every process from the m
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -3,8 +3,8 @@ whether the ``ffi`` algorithm can serve a mesh axis here."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 # launcher -> (rank, size, ranks on this node) variables
 LAUNCHERS = {

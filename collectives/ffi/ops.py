@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from collectives.context import current as current_scope
 from collectives import xla
+from collectives.context import current as current_scope
 from collectives.differentiable import transpose_pair
 from collectives.ffi import build, callsite
 from collectives.ffi.groups import AxisGroups, axis_groups, split_rounds

@@ -13,11 +13,14 @@ from the latest, reshard onto another mesh.
     template = abstract_state(cfg.build, tx, jaxsmp.Mesh(sdp=4, tp=2))
     state = jaxsmp.checkpoint.restore_latest("ckpt", template)
 """
-from jaxsmp.checkpoint.errors import (CheckpointCorruptError, CheckpointError,
-                                      CheckpointExistsError, CheckpointMismatchError,
-                                      CheckpointNotFoundError)
-from jaxsmp.checkpoint.manager import (RESUME_MODES, CheckpointManager, restore,
-                                       restore_latest, save)
+from jaxsmp.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+)
+from jaxsmp.checkpoint.manager import RESUME_MODES, CheckpointManager, restore, restore_latest, save
 from jaxsmp.checkpoint.metadata import describe_model
 from jaxsmp.checkpoint.template import abstract_state
 

@@ -3,17 +3,18 @@ last K, and resume from the latest complete checkpoint."""
 from __future__ import annotations
 
 import os
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import jax
 import numpy as np
 
 from jaxsmp.checkpoint.errors import CheckpointExistsError, CheckpointNotFoundError
-from jaxsmp.checks import positive_int
 from jaxsmp.checkpoint.metadata import build_metadata
 from jaxsmp.checkpoint.restore import read_metadata, restore_step
 from jaxsmp.checkpoint.store import open_store, write_args
 from jaxsmp.checkpoint.tree import to_nested
+from jaxsmp.checks import positive_int
 from jaxsmp.train.state import TrainState
 
 ResumeMode = Literal["auto", "require", "never"]
@@ -132,7 +133,7 @@ class CheckpointManager:
             self._opened.close()
             self._opened = None
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc) -> None:

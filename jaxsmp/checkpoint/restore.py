@@ -6,7 +6,7 @@ count) and each host reads only the chunks its shards cover.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import orbax.checkpoint as ocp
 
@@ -45,7 +45,7 @@ def read_metadata(store: ocp.CheckpointManager, step: int) -> dict:
             f"complete steps: {list(store.all_steps())}")
     try:
         meta = store.restore(step, args=read_meta_args())[META]
-    except Exception as err:  # noqa: BLE001 - any failure to read means damage
+    except Exception as err:
         raise _corrupt(store, step, "metadata", err) from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -64,6 +64,6 @@ def restore_step(store: ocp.CheckpointManager, step: int, template: TrainState,
     check_arrays(meta, template, where(store, step))
     try:
         nested = store.restore(step, args=read_state_args(restore_target(template)))[STATE]
-    except Exception as err:  # noqa: BLE001 - any failure to read means damage
+    except Exception as err:
         raise _corrupt(store, step, "arrays", err) from err
     return from_nested(template, nested)

@@ -1,7 +1,7 @@
 """An abstract training state (no arrays allocated) to restore a checkpoint into."""
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import optax
 from flax import nnx

@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxsmp.cli.config import ConfigError, TrainConfig
-from jaxsmp.data import (PackedBatches, TokenBatches, TokenDataset, is_prepared, load_corpus,
-                         load_tokenizer)
+from jaxsmp.data import (
+    PackedBatches,
+    TokenBatches,
+    TokenDataset,
+    is_prepared,
+    load_corpus,
+    load_tokenizer,
+)
 from jaxsmp.data.loader import Source
 from jaxsmp.data.tokenizer import ByteTokenizer, Tokenizer, has_tokenizer
 

@@ -215,5 +215,5 @@ def run(cfg: TrainConfig) -> History:
 
 
 def _plot(log_dir: str) -> str:
-    from jaxsmp.plot import plot_run  # noqa: PLC0415 (matplotlib is slow to import)
+    from jaxsmp.plot import plot_run
     return str(plot_run(log_dir))

@@ -39,7 +39,7 @@ class StopSignals:
         self.received = signal.Signals(signum).name
         signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.SIG_DFL))
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self

@@ -25,7 +25,7 @@ class Throughput:
 
 def step_values(metrics: dict, seconds: float, rate: Throughput) -> dict[str, float | None]:
     """The numbers logged for one training step (None where not measured)."""
-    get = lambda k: float(to_host(metrics[k])) if k in metrics else None  # noqa: E731
+    get = lambda k: float(to_host(metrics[k])) if k in metrics else None
     tokens_per_second = rate.tokens_per_step / seconds
     flops = tokens_per_second * rate.flops_per_token / rate.devices
     values = {"loss": get("loss"), "learning_rate": get("learning_rate"),

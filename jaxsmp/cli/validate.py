@@ -6,14 +6,13 @@ import dataclasses
 import math
 
 import collectives
-from pallas_kernels.attention import IMPLS
-
 from jaxsmp.checkpoint.manager import RESUME_MODES
 from jaxsmp.context import STRATEGIES
 from jaxsmp.models.registry import FAMILIES
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
 from jaxsmp.train.precision import PRECISIONS
+from pallas_kernels.attention import IMPLS
 
 
 class ConfigError(ValueError):

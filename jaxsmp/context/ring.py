@@ -162,7 +162,7 @@ def _ring_bwd(scale, residuals, do):
             (ka, _), (va, _) = _halves(k, c, 1), _halves(v, c, 1)
             ga = grads(rows_a, ka, va, False, ka0 - qa0)
             gb = grads(rows_b, ka, va, False, ka0 - qb0)
-            pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], 1)  # noqa: E731
+            pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], 1)
             return ga[0], gb[0], pad(ga[1] + gb[1]), pad(ga[2] + gb[2])
 
         def later(k, v):

@@ -1,7 +1,8 @@
 """The layers' activations split over ``cp`` on the sequence, in the balanced order."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P

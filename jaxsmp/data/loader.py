@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -93,7 +94,7 @@ class Prefetcher:
         if self._thread is not None:
             self._thread.join()
 
-    def __enter__(self) -> "Prefetcher":
+    def __enter__(self) -> Prefetcher:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,9 +6,9 @@ examples train on real text with no download.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -58,8 +58,8 @@ class TokenBatches:
         """The whole global batch ``index``."""
         return {"tokens": self.rows(index, range(self.batch_size))}
 
-    def split(self, eval_fraction: float = 0.1) -> tuple["TokenBatches", "TokenBatches"]:
+    def split(self, eval_fraction: float = 0.1) -> tuple[TokenBatches, TokenBatches]:
         """Train and held-out batches from disjoint parts of the corpus."""
         cut = int(len(self.tokens) * (1 - eval_fraction))
-        make = lambda t, s: TokenBatches(t, self.batch_size, self.seq_len, s)  # noqa: E731
+        make = lambda t, s: TokenBatches(t, self.batch_size, self.seq_len, s)
         return make(self.tokens[:cut], self.seed), make(self.tokens[cut:], self.seed + 1)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def load_tokenizer(spec: str | os.PathLike) -> Tokenizer:
     checkpoint's). Other tokenizer formats are an error saying how to convert them."""
     if os.fspath(spec) == "bytes":
         return ByteTokenizer()
-    from tokenizers import Tokenizer as RustTokenizer  # noqa: PLC0415 (only when asked for)
+    from tokenizers import Tokenizer as RustTokenizer
     path = Path(spec)
     if path.is_dir():
         if not has_tokenizer(path):
@@ -111,8 +111,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *,
               eos: str = "<|endoftext|>") -> HFTokenizer:
     """A byte-level BPE tokenizer (GPT-2 style) of ``vocab_size`` tokens trained on
     ``texts``, with ``eos`` as its one special token."""
-    from tokenizers import Tokenizer as RustTokenizer  # noqa: PLC0415
-    from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
     tokenizer = RustTokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -8,8 +8,9 @@ checkpoints larger than host memory load.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -18,9 +19,9 @@ from flax import nnx
 
 from jaxsmp.hf.checkpoint import Checkpoint
 from jaxsmp.hf.config import family_of, load_config
-from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.hf.names import BASE_PREFIX, TensorMap, ignorable, tensor_maps
 from jaxsmp.mesh import Mesh
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.nn.param import is_var, path_names, variables_by_path
 from jaxsmp.train.precision import LossScale
 from jaxsmp.train.state import TrainState, abstract_params, state_shardings

@@ -18,8 +18,8 @@ from safetensors.numpy import save_file
 
 from jaxsmp.hf.checkpoint import INDEX, SINGLE
 from jaxsmp.hf.config import to_hf_config
-from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.hf.names import TensorMap, tensor_maps
+from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.nn.param import is_var, variables_by_path
 
 DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}

@@ -19,7 +19,7 @@ class MetricsLogger:
     step (written before a stop that lost them) are superseded by the later ones."""
 
     def __init__(self, log_dir: str | os.PathLike):
-        from tensorboardX import SummaryWriter  # noqa: PLC0415 (only with a log dir)
+        from tensorboardX import SummaryWriter
         self.directory = Path(log_dir)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.directory / METRICS_FILE, "a", encoding="utf-8")
@@ -52,7 +52,7 @@ class MetricsLogger:
         self._jsonl.close()
         self._tb.close()
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc) -> None:

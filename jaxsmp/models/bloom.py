@@ -11,8 +11,8 @@ from flax import nnx
 
 import pallas_kernels
 from jaxsmp.models.config_base import ModelConfig
-from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, LayerNorm, Stack
+from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn.fused_qkv import FusedQKVAttention
 from jaxsmp.nn.gelu_mlp import GeluMLP
 

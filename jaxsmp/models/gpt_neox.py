@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxsmp.models.config_base import ModelConfig
-from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn import Embed, LayerNorm, Linear, Stack, apply_rotary, rotary_for_tokens
+from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn.fused_qkv import FusedQKVAttention
 from jaxsmp.nn.gelu_mlp import GeluMLP
 

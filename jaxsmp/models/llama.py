@@ -8,9 +8,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxsmp.models.config_base import ModelConfig
+from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 from jaxsmp.nn.attention import attention
 from jaxsmp.nn.embed import check_token_ids
-from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from flax import nnx
 
 from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.models.llama import Attention
+from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, rotary_for_tokens
 from jaxsmp.nn.embed import check_token_ids
 from jaxsmp.nn.moe import MoE, router_losses, router_stats
-from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, rotary_for_tokens
 
 
 @dataclass(frozen=True)

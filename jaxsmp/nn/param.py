@@ -1,7 +1,8 @@
 """Parameters annotated with logical axis names (the sharding rules read them)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,7 @@
 """Activation-checkpointing policies by name, applied to each stacked layer."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 

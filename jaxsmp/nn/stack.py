@@ -9,7 +9,8 @@ the step's ``run_stages`` runs the stage's local layers inside a schedule over `
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx

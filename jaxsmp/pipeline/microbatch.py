@@ -1,7 +1,8 @@
 """Splitting a batch, and a layer stack's per-example arguments, into microbatches."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np

@@ -29,7 +29,8 @@ Each stage keeps at most ``p`` microbatch inputs (the simulator's 1F1B peak is
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,16 @@ from jaxsmp.pipeline import vma
 from jaxsmp.pipeline.microbatch import pick, split_args, split_microbatches
 from jaxsmp.pipeline.schedule import op_arrays
 from jaxsmp.pipeline.stages import from_stage
-from jaxsmp.pipeline.ticks import (Buffers, Messages, RecordStack, StackOutput, Sums,
-                                    accumulator, choose, put)
+from jaxsmp.pipeline.ticks import (
+    Buffers,
+    Messages,
+    RecordStack,
+    StackOutput,
+    Sums,
+    accumulator,
+    choose,
+    put,
+)
 
 # forward(params, batch, stack_hook) -> (loss, metrics): the user's loss with the hook
 # installed as the stack's stage runner
@@ -187,7 +196,7 @@ class OneFOneB:
         def run(bufs, sums, out):
             y = from_stage(out, self.stage, self.p - 1, self.axis)
             k = y.shape[0] // self.p
-            share = lambda a: lax.dynamic_slice_in_dim(a, self.stage * k, k, 0)  # noqa: E731
+            share = lambda a: lax.dynamic_slice_in_dim(a, self.stage * k, k, 0)
             dtop, dy, value, metrics = self._head(
                 j, share(y), jax.tree.map(share, self._microbatch(j)), self.p)
             dy = lax.dynamic_update_slice_in_dim(jnp.zeros_like(y), dy, self.stage * k, 0)
@@ -232,7 +241,7 @@ class OneFOneB:
 
     def _initial_carry(self):
         buf = jnp.zeros((self.p, *self.xs.shape[1:]), self.xs.dtype)
-        f32_zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)  # noqa: E731
+        f32_zeros = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)
         bufs = Buffers(buf, buf, buf, jnp.zeros_like(self.xs))
         sums = Sums(f32_zeros(self.layers), f32_zeros(self.top), jnp.zeros((), jnp.float32),
                      jax.tree.map(lambda v: jnp.zeros((), jnp.float32), self.probe_metrics))

@@ -13,8 +13,9 @@ to equal slot counts.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -50,9 +51,9 @@ def layer_cost(layer: Callable, x: Any, *args: Any) -> LayerCost:
     """Compiled cost of ``layer(x, *args)`` (an ``nnx.Module`` or a plain function)."""
     if isinstance(layer, nnx.Module):
         graphdef, state = nnx.split(layer)
-        fn = lambda s, v: nnx.merge(graphdef, s)(v, *args)  # noqa: E731
+        fn = lambda s, v: nnx.merge(graphdef, s)(v, *args)
     else:
-        state, fn = {}, lambda s, v: layer(v, *args)  # noqa: E731
+        state, fn = {}, lambda s, v: layer(v, *args)
     abstract_x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), x)
     compiled = jax.jit(fn).lower(state, abstract_x).compile()
     cost = compiled.cost_analysis()

@@ -9,20 +9,21 @@ circular runners, the hand-driven 1F1B schedule).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxsmp.checks import positive_int
 from jaxsmp.pipeline.fused_ticks import FusedOneFOneB
 from jaxsmp.pipeline.layout import StageLayout, check_counts, equal_counts
 from jaxsmp.pipeline.microbatch import split_microbatches
 from jaxsmp.pipeline.one_f_one_b import OneFOneB
 from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
-from jaxsmp.checks import positive_int
 
 # forward(params, batch, stage_runner) -> (loss, metrics), the stage runner being the
 # Stack's hook (None: a plain scan over the local layers)

@@ -22,8 +22,9 @@ dimension equals ``x``'s batch; they are split like ``x``. Others are passed who
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

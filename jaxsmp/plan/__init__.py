@@ -87,12 +87,27 @@ from __future__ import annotations
 import sys
 import types
 
-from jaxsmp.plan.candidate import (COMPILED, PLAIN_GSPMD, TARGET, Candidate, Semantics,
-                                   schedule_report)
+from jaxsmp.plan.candidate import (
+    COMPILED,
+    PLAIN_GSPMD,
+    TARGET,
+    Candidate,
+    Semantics,
+    schedule_report,
+)
 from jaxsmp.plan.compiled import Preflight, compile_memory, preflight
 from jaxsmp.plan.gpu_preflight import GpuPreflight, gpu_preflight
-from jaxsmp.plan.hardware import (GPUS, GPU, NODES, Cluster, Node, generic_node, node,
-                                  register_gpu, register_node)
+from jaxsmp.plan.hardware import (
+    GPU,
+    GPUS,
+    NODES,
+    Cluster,
+    Node,
+    generic_node,
+    node,
+    register_gpu,
+    register_node,
+)
 from jaxsmp.plan.memory import MemoryBreakdown, estimate_memory
 from jaxsmp.plan.search import Plan, candidates, evaluate, load_model, plan
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.comm import all_reduce_seconds, axis_cost, gather_seconds
 from jaxsmp.plan.hardware import GPU, Cluster
 from jaxsmp.plan.hlo_cost import Collective, KernelTime, Rates, estimate
-from jaxsmp.plan.comm import all_reduce_seconds, axis_cost, gather_seconds
 
 
 def rates(gpu: GPU, precision: str, fitted: Fitted = FITTED) -> Rates:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
-from jaxsmp.plan.compiled import GiB, CompiledMemory, compile_candidate, memory_of
+from jaxsmp.plan.compiled import CompiledMemory, GiB, compile_candidate, memory_of
 from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
 from jaxsmp.plan.gpu_target import count_fp8_gemms
 from jaxsmp.plan.hardware import Cluster

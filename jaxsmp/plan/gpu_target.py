@@ -23,10 +23,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import re
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 import jax
+
 from jaxsmp.checks import positive_int
 
 # The CUDA runtime the compiles assume (the configs describe devices, not toolkits):

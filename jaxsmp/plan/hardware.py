@@ -7,10 +7,10 @@ checked against (see :mod:`jaxsmp.plan`).
 from __future__ import annotations
 
 import re
-from jaxsmp.checks import positive_int
 from dataclasses import dataclass
 
 from collectives import CostModel
+from jaxsmp.checks import positive_int
 
 GiB = 1 << 30
 GB = 1e9

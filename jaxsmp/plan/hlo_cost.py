@@ -30,7 +30,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-
 from jaxsmp.metrics.hlo import ARRAY, callees, computations, first_replica_group, shape_bytes
 from jaxsmp.plan.gpu_target import FP8_GEMM
 
@@ -87,7 +86,7 @@ class KernelTime:
     def compute(self) -> float:
         return self.matmul + self.attention + self.memory + self.launch
 
-    def add(self, other: "KernelTime", times: float = 1.0) -> None:
+    def add(self, other: KernelTime, times: float = 1.0) -> None:
         for name in ("matmul", "attention", "memory", "launch", "matmul_flops",
                      "attention_flops", "memory_bytes"):
             setattr(self, name, getattr(self, name) + times * getattr(other, name))

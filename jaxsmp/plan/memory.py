@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 import jax.numpy as jnp
 
 from jaxsmp.context.ring import tile_size as ring_tile
-from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 

@@ -1,7 +1,7 @@
 """Plans as a table, as JSON, and why the best one wins."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxsmp.plan.search import Plan
 

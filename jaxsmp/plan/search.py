@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
+from jaxsmp.checks import positive_int
 from jaxsmp.context import RING_IMPLS
 from jaxsmp.models.registry import preset
 from jaxsmp.nn.remat import POLICIES
@@ -17,7 +19,6 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
 from jaxsmp.plan.workload import Workload
-from jaxsmp.checks import positive_int
 
 GiB = 1 << 30
 VIRTUAL_CHUNKS = (2,)   # chunks per stage the search tries for the virtual schedule

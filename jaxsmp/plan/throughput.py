@@ -15,13 +15,17 @@ from dataclasses import asdict, dataclass
 
 import jax.numpy as jnp
 
-from jaxsmp.plan.calibration import ATTENTION_BACKWARD, FITTED, HBM_EFFICIENCY, Fitted
-from jaxsmp.plan.comm import (all_reduce_seconds, context_transfers, gather_seconds,
-                              stage_send_seconds)
-from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
-from jaxsmp.plan.hardware import Cluster
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
+from jaxsmp.plan.calibration import ATTENTION_BACKWARD, FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
+from jaxsmp.plan.comm import (
+    all_reduce_seconds,
+    context_transfers,
+    gather_seconds,
+    stage_send_seconds,
+)
+from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 from collectives import axis_names
+from jaxsmp.checks import positive_int
 from jaxsmp.context import RING_IMPLS, choose_strategy
 from jaxsmp.metrics.flops import train_flops_per_token
 from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
@@ -28,7 +30,6 @@ from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import MemoryScale, memory_scale
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
-from jaxsmp.checks import positive_int
 
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
 # does not depend on it). The odd length tells per-token residuals from per-layer ones.
@@ -217,7 +218,7 @@ class Workload:
         return p.axes == ("vocab", "embed") and not self.tied and "embed" in p.path.split("/")[0]
 
     # -- activations ----------------------------------------------------------------
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def activations(self, remat: str, precision: str, backend: str = "gpu") -> Activations:
         """What one layer keeps per token for its backward pass under ``remat``, from the
         residuals JAX saves (traced abstractly); ``full`` keeps the layer input only,
@@ -232,7 +233,7 @@ class Workload:
         replicated, split = self._residual_bytes(remat, dtype, backend)
         return Activations(replicated=replicated, split=split)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def _residual_bytes(self, remat: str, dtype, backend: str) -> tuple[float, float]:
         """(replicated, split) bytes per token of one layer's residuals: the ``Stack``
         runs one layer on ``x`` under jaxsmp's remat policy ``remat``, abstractly."""

@@ -11,7 +11,7 @@ dimension is an error, never silently replicated.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jax.sharding import PartitionSpec as P
 

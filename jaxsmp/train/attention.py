@@ -22,7 +22,7 @@ it a sharding that XLA's verifier rejects (manual axes out of order).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -181,7 +181,7 @@ def local_attention(mesh: jax.sharding.Mesh,
         split = _split_over_tp(q, tp)
         if split == "heads":
             k, v = _repeat_kv(k, v, tp, q.shape[2])
-        on = lambda dim: "tp" if split == dim else None  # noqa: E731
+        on = lambda dim: "tp" if split == dim else None
         specs = {"alibi_slopes": P(on("heads")), "segment_ids": P(on("batch"))}
 
         def kernel(q, k, v, extra):

@@ -21,7 +21,7 @@ it, XLA drops that gather as dead code.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +29,6 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from collectives import axis_names
-
 from jaxsmp.nn.param import is_var, logical_axes
 
 

@@ -10,7 +10,8 @@ carries the pipeline's stage runner and the sharded embedding lookup.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,8 @@ from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.train.attention import local_attention
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
-from jaxsmp.train.options import StepOptions
 from jaxsmp.train.layer_scan import zero3_scan
+from jaxsmp.train.options import StepOptions
 from jaxsmp.train.param_gather import gather_tree, scatter_tree, sdp_dim
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.sequence_parallel import over_sequence

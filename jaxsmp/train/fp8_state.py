@@ -24,10 +24,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxsmp.checks import positive_int
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS, Fp8Meta, roll_history
 from jaxsmp.nn.linear import Linear
 from jaxsmp.nn.param import is_var, logical_axes
-from jaxsmp.checks import positive_int
 
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores; Ampere (8.0) does not
 
@@ -117,7 +117,7 @@ def microbatch_gradients(plan, forward, params: nnx.State, batch: Any, coef, **k
 
     def micro(acc, mbatch):
         grads, loss, metrics = one.gradients(forward, params, mbatch, coef / m, **kw)
-        combine = lambda a, g: a.replace(jnp.maximum(a[...], g[...]) if is_meta(a)  # noqa: E731
+        combine = lambda a, g: a.replace(jnp.maximum(a[...], g[...]) if is_meta(a)
                                          else a[...] + g[...])
         return jax.tree.map(combine, acc, grads, is_leaf=is_var), (loss, metrics)
 

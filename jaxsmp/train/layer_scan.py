@@ -30,7 +30,8 @@ take differently) a padding slot gathers, computes the layer and discards it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -158,7 +159,7 @@ def _forward(layer: _Layer, gather: Callable, shards: Any, h: jax.Array, args: S
 
 def _layer_backward(layer: _Layer, skip: _Skip, i, w, r, dy, fargs: list):
     """Layer ``i``'s backward; a skipped layer's is the identity with zero gradients."""
-    run = lambda: layer.backward(w, r, dy)  # noqa: E731
+    run = lambda: layer.backward(w, r, dy)
     if skip.active is None:
         return run()
     return skip(i, run, lambda: (_zeros(jax.eval_shape(lambda: w)), dy,
@@ -169,8 +170,8 @@ def _backward(layer: _Layer, gather: Callable, scatter: Callable, shards: Any, r
               fargs: list, dy: jax.Array, n: int, prefetch: bool, skip: _Skip = _Skip()):
     """(stacked shard gradients, input cotangent, float-argument cotangents)."""
     zeros = [jnp.zeros_like(a) for a in fargs]
-    add = lambda a, b: [x + y for x, y in zip(a, b)]  # noqa: E731
-    back = lambda i, w, r, dy: _layer_backward(layer, skip, i, w, r, dy, fargs)  # noqa: E731
+    add = lambda a, b: [x + y for x, y in zip(a, b)]
+    back = lambda i, w, r, dy: _layer_backward(layer, skip, i, w, r, dy, fargs)
     if not prefetch:
         def body(carry, xs):
             dy, dargs = carry

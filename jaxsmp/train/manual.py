@@ -7,14 +7,14 @@ gradients stay local until one float32 sum over the replicas.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from flax import nnx
-
-import collectives
 from jax.sharding import PartitionSpec as P
 
+import collectives
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var

@@ -21,7 +21,7 @@ manual over ``tp`` as well, on the local ``tp`` slices (:func:`_over_tp`).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -53,10 +53,10 @@ class LossScale:
     period: int = struct.field(pytree_node=False, default=2000)
 
     @classmethod
-    def create(cls, initial: float = 2.0 ** 15, period: int = 2000) -> "LossScale":
+    def create(cls, initial: float = 2.0 ** 15, period: int = 2000) -> LossScale:
         return cls(jnp.float32(initial), jnp.int32(0), period)
 
-    def update(self, finite: jax.Array) -> "LossScale":
+    def update(self, finite: jax.Array) -> LossScale:
         grow = finite & (self.good_steps + 1 >= self.period)
         scale = jnp.where(finite, jnp.where(grow, self.scale * 2, self.scale),
                           jnp.maximum(self.scale / 2, 1.0))

@@ -11,7 +11,7 @@ wraps the layer scan (:func:`over_sequence`).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 

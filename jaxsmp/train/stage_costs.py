@@ -20,9 +20,9 @@ import numpy as np
 
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.param import is_var
-from jaxsmp.pipeline.ticks import RecordStack, StackOutput
 from jaxsmp.pipeline.layout import equal_counts
 from jaxsmp.pipeline.partition import balanced_counts, roofline_seconds
+from jaxsmp.pipeline.ticks import RecordStack, StackOutput
 from jaxsmp.pipeline.timing import one_f_one_b_split
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
@@ -132,7 +132,7 @@ def auto_partition(fn: LossFn, state, options: StepOptions, microbatch: Any,
     rows = jax.tree.leaves(microbatch)[0].shape[0]
     split = one_f_one_b_split(*args, can_spread=rows % state.mesh.pp == 0, counts=given,
                               fused=fused, placement=head)
-    ms = lambda t: f"{t * 1e3:.3g} ms"  # noqa: E731
+    ms = lambda t: f"{t * 1e3:.3g} ms"
     split_why = (f"1F1B's ticks simulated on compiled costs ({platform} roofline: a layer "
                  f"{ms(forward)} forward, {ms(both)} forward and backward, the head "
                  f"{ms(head_seconds)}){', fused under tp' if fused else ''}: the fastest split, "

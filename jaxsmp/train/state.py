@@ -1,7 +1,8 @@
 """The training state and its sharded initialisation."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,7 @@ class TrainState:
     @classmethod
     def create(cls, graphdef: nnx.GraphDef, params: nnx.State,
                tx: optax.GradientTransformation, mesh: Mesh, *,
-               loss_scale: LossScale | None = None) -> "TrainState":
+               loss_scale: LossScale | None = None) -> TrainState:
         """The state at step 0 for ``params`` annotated by :func:`annotate_mesh_axes`:
         placed arrays give a placed state (optimizer state initialised in its sharded
         layout); ``jax.ShapeDtypeStruct`` values give an abstract one whose leaves carry

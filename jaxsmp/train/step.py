@@ -28,11 +28,10 @@ from jaxsmp.nn.remat import check_offloads
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline.layout import check_enough
 from jaxsmp.pipeline.plan import PipelinePlan
-from jaxsmp.train import manual
+from jaxsmp.train import fp8_state, manual, stage_costs
 from jaxsmp.train.batch import place_batch
-from jaxsmp.train.forward import LossFn, local_forward
-from jaxsmp.train import fp8_state, stage_costs
 from jaxsmp.train.explain import Explanation, explain_step
+from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.precision import precision_policy
 from jaxsmp.train.state import TrainState, state_shardings

@@ -45,7 +45,7 @@ def apply_gradients(state: TrainState, grads: nnx.State, options: StepOptions):
         params = roll_histories(nnx.merge_state(state.params, params), observed)
     loss_scale = state.loss_scale
     if dynamic:
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
         loss_scale = loss_scale.update(finite)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,

@@ -27,7 +27,11 @@ jax.distributed.initialize(f"127.0.0.1:{PORT}", num_processes=WORLD, process_id=
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import (  # noqa: E402
+    Mesh,
+    NamedSharding,
+    PartitionSpec as P,
+)
 
 import collectives  # noqa: E402
 
@@ -51,7 +55,7 @@ def check(mesh: Mesh) -> None:
     s = rng.standard_normal((n * 2, 3 * p, 4)).astype(np.float32)
     w = rng.standard_normal((n * 2, 3 * p, 4)).astype(np.float32)
     spec = P(manual)
-    put = lambda a: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec),  # noqa: E731
+    put = lambda a: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec),
                                                  lambda idx: a[idx])
     x, y, cot = put(g), put(s), put(w)
 
@@ -81,7 +85,7 @@ def check_trace_order_does_not_matter() -> None:
                                      lambda idx: np.arange(mesh.size * 2, dtype=np.float32)[idx])
 
     def gather(scale):
-        body = lambda v: collectives.all_gather(v * scale, "sdp", algorithm="ffi")  # noqa: E731
+        body = lambda v: collectives.all_gather(v * scale, "sdp", algorithm="ffi")
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("sdp"), out_specs=P("sdp")))
     order = [1.0, -1.0] if RANK % 2 == 0 else [-1.0, 1.0]
     with collectives.scope(mesh=mesh):

@@ -16,11 +16,11 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
 os.environ["JAX_PLATFORMS"] = "cpu"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from collectives.ffi import ops  # noqa: E402
+from collectives.ffi import ops
 
 RANK, WORLD = ops.rank(), ops.world_size()
 
@@ -67,8 +67,9 @@ def run_jit():
 def run_shard_map(port):
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=WORLD, process_id=RANK,
                                initialization_timeout=60)
-    import collectives
     from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import collectives
     devices = sorted(jax.devices(), key=lambda d: d.process_index)
     mesh = jax.sharding.Mesh(np.array(devices), ("x",))
     sharding = NamedSharding(mesh, P("x"))

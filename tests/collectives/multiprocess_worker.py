@@ -21,7 +21,11 @@ jax.distributed.initialize(f"127.0.0.1:{PORT}", num_processes=NPROC, process_id=
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import (  # noqa: E402
+    Mesh,
+    NamedSharding,
+    PartitionSpec as P,
+)
 
 import collectives  # noqa: E402
 from collectives import Topology  # noqa: E402

@@ -1,6 +1,5 @@
 import jax.numpy as jnp
 import pytest
-
 from collectives_checks import DTYPES, check_against_xla
 
 

@@ -2,11 +2,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_checks import check_against_xla
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import collectives
 from collectives import Topology
-from collectives_checks import check_against_xla
 
 ALGOS = ["ring", "a2a", "hierarchical", "auto"]
 

@@ -2,11 +2,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from collectives_checks import compare, random_input
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import collectives
 from collectives import Topology
-from collectives_checks import compare, random_input
 
 P8 = 8
 # per-rank shards of one "layer"; axes says which dim each is sharded on

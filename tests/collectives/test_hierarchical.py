@@ -1,10 +1,10 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from collectives_checks import DTYPES, check_against_xla
 
 from collectives import Topology, hierarchical
 from collectives.hierarchical import _group_perm
-from collectives_checks import DTYPES, check_against_xla
 
 
 @pytest.mark.parametrize("mesh_key", ["x", "ab"])

@@ -13,10 +13,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from orbax.checkpoint._src.path import atomicity  # noqa: E402
+from orbax.checkpoint._src.path import atomicity
 
-from jaxsmp.cli import run  # noqa: E402
-from jaxsmp.cli.config import make_config  # noqa: E402
+from jaxsmp.cli import run
+from jaxsmp.cli.config import make_config
 
 
 def kill_during_commit(step: str) -> None:

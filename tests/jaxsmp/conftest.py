@@ -1,6 +1,6 @@
 """Shared fixtures for jaxsmp tests: a tiny GPT-NeoX, random tokens, a training run."""
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -69,6 +69,7 @@ def require_gpu_compiler() -> None:
     passes with the GPU compiles skipped."""
     import importlib.metadata as metadata
     import os
+
     import jaxlib
     try:
         plugin = metadata.version("jax-cuda12-plugin")

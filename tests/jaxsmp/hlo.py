@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxsmp.metrics.hlo import (ARRAY, computations, group_size,  # noqa: F401 (re-exported)
-                                reachable, shape_bytes)
+from jaxsmp.metrics.hlo import ARRAY, computations, group_size, reachable, shape_bytes
 
 
 @dataclass
@@ -56,7 +55,7 @@ class Module:
     outside: list[Collective]
 
     @classmethod
-    def parse(cls, text: str) -> "Module":
+    def parse(cls, text: str) -> Module:
         comps, entry = computations(text)
         types = {k: t for lines in comps.values() for k, t in _types(lines).items()}
         bodies = [re.search(r"body=%?([\w.\-]+)", l).group(1)

@@ -55,7 +55,7 @@ def test_alibi_gives_the_model_word_order():
     tokens = np.random.default_rng(1).integers(0, 256, (1, 16)).astype(np.int32)
     permuted = tokens.copy()
     permuted[0, :-1] = tokens[0, :-1][::-1]
-    last = lambda t: np.asarray(model(t))[0, -1]  # noqa: E731
+    last = lambda t: np.asarray(model(t))[0, -1]
     assert np.abs(last(tokens) - last(permuted)).max() > 1e-3
 
 

@@ -13,13 +13,19 @@ import optax
 import pytest
 
 import jaxsmp
-from jaxsmp.checkpoint import (CheckpointCorruptError, CheckpointExistsError,
-                               CheckpointManager, CheckpointMismatchError,
-                               CheckpointNotFoundError, abstract_state, describe_model,
-                               restore_latest)
+from jaxsmp.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointExistsError,
+    CheckpointManager,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    abstract_state,
+    describe_model,
+    restore_latest,
+)
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus
-from jaxsmp.models import preset
 from jaxsmp.losses import causal_lm_loss
+from jaxsmp.models import preset
 
 CFG = preset("gpt_neox", "tiny", num_hidden_layers=2)
 MODEL = describe_model(CFG, family="gpt_neox", preset="tiny")

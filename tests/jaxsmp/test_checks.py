@@ -5,8 +5,8 @@ import optax
 import pytest
 
 import jaxsmp
-from jaxsmp.checks import positive_int
 from jaxsmp.checkpoint import CheckpointManager
+from jaxsmp.checks import positive_int
 from jaxsmp.losses import next_token_loss
 
 

@@ -11,8 +11,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import jaxsmp
-from jaxsmp.checkpoint import abstract_state
 from conftest import assert_gradients_match, gradients, single_device_mesh
+from jaxsmp.checkpoint import abstract_state
 from jaxsmp.context import layout, ring
 from jaxsmp.context.ring import ring_attention
 from pallas_kernels.alibi import alibi_slopes

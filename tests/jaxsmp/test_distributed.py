@@ -12,8 +12,13 @@ import pytest
 
 from collectives.ffi.build import find_mpiexec
 from collectives.ffi.mpi_env import mpi_launch
-from jaxsmp.distributed import (ClusterSpec, LaunchError, _broadcast_coordinator, cluster_from_env,
-                                initialize)
+from jaxsmp.distributed import (
+    ClusterSpec,
+    LaunchError,
+    _broadcast_coordinator,
+    cluster_from_env,
+    initialize,
+)
 
 ROOT = Path(__file__).parents[2]
 

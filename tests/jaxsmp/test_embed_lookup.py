@@ -24,8 +24,8 @@ def test_sharded_take_matches_gathered_take():
         return jax.shard_map(body, mesh=mesh, in_specs=(P(None, "sdp"), P("sdp"), P("sdp")),
                              out_specs=P())(t, tokens, weights)
 
-    ours = lambda shard, ids: sharded_take(shard, ids, jnp.float32)  # noqa: E731
-    gathered = lambda shard, ids: jnp.take(  # noqa: E731
+    ours = lambda shard, ids: sharded_take(shard, ids, jnp.float32)
+    gathered = lambda shard, ids: jnp.take(
         jax.lax.all_gather(shard, "sdp", axis=1, tiled=True), ids, axis=0)
     v1, g1 = jax.jit(jax.value_and_grad(lambda t: loss(ours, t)))(table)
     v2, g2 = jax.jit(jax.value_and_grad(lambda t: loss(gathered, t)))(table)

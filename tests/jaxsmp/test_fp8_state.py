@@ -9,8 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import require_gpu_compiler
 import jaxsmp
+from conftest import require_gpu_compiler
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.nn.param import variables_by_path
 from jaxsmp.train.fp8_state import is_meta

@@ -8,7 +8,7 @@ import pytest
 import jaxsmp.plan.gpu_target  # noqa: F401  (before bench/ joins the path: bench/collectives.py)
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-from fp8_training import loss_curve, tail_gap  # noqa: E402
+from fp8_training import loss_curve, tail_gap
 
 STEPS, TAIL = 40, 10
 # Mean |fp8 - bf16| over steps 31-40 relative to bf16: measured 0.12% (gpt_neox) and

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import jaxsmp
-from conftest import (assert_gradients_match, sgd_update, single_device_mesh, train)
+from conftest import assert_gradients_match, sgd_update, single_device_mesh, train
 from jaxsmp.train.fp8_state import trainable
 
 SLOW = pytest.mark.slow

@@ -41,7 +41,7 @@ def test_compile_time_does_not_grow_with_depth(tiny_config):
         cfg = tiny_config.replace(num_hidden_layers=layers)
         model = cfg.build(nnx.Rngs(0))
         graphdef, state = nnx.split(model)
-        f = lambda s, t: nnx.merge(graphdef, s)(t)  # noqa: E731
+        f = lambda s, t: nnx.merge(graphdef, s)(t)
         return len(jax.jit(f).lower(state, jnp.zeros((1, 8), jnp.int32)).as_text())
     assert abs(hlo_size(8) - hlo_size(2)) < 0.02 * hlo_size(2)
 

@@ -19,11 +19,10 @@ from conftest import require_gpu_compiler
 
 require_gpu_compiler()
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from gpu_compile import compile_case  # noqa: E402
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from gpu_compile import compile_case  # noqa: E402
 
 import jaxsmp  # noqa: E402
 from jaxsmp.checkpoint import abstract_state  # noqa: E402

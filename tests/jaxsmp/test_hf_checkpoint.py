@@ -8,9 +8,8 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import load_file, save_file
-
 from hf_models import hf_logits_and_loss, hf_model, torch, transformers
+from safetensors.numpy import load_file, save_file
 
 import jaxsmp
 from jaxsmp import hf

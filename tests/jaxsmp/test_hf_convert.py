@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-
 from hf_models import hf_model
+from safetensors.numpy import load_file
 
 import jaxsmp
 

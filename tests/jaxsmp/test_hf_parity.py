@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-
 from hf_models import hf_logits_and_loss, hf_model, torch, transformers
 
 import jaxsmp

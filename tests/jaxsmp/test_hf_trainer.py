@@ -6,7 +6,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from hf_models import hf_logits_and_loss, hf_model
 
 from jaxsmp.cli import TrainConfig, run

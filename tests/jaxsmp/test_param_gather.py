@@ -6,12 +6,12 @@ shard over tp (the whole layer, 793,088 bytes, crossed sdp; 0.19-0.99 MB per loo
 iteration crossed tp); the gathers now run manual over tp as well (param_gather._over_tp).
 Gradients stay equal to one device's: tests/jaxsmp/test_step_equivalence.py (sdp4-tp2).
 """
+import hlo
 import jax
 import optax
 import pytest
 from flax import nnx
 
-import hlo
 import jaxsmp
 import jaxsmp.train.param_gather
 from jaxsmp.losses import causal_lm_loss

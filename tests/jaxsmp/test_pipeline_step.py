@@ -74,6 +74,7 @@ def test_one_f_one_b_needs_less_activation_memory(config):
     """Same model, mesh and microbatch count: 1F1B keeps at most p stage inputs,
     GPipe every microbatch's activations (measured: ~11 MiB vs ~51 MiB temporaries)."""
     import optax
+
     from jaxsmp.losses import causal_lm_loss
     tokens = np.random.default_rng(0).integers(0, 256, (32, 128)).astype(np.int32)
     state = jaxsmp.init(config.build, optax.adamw(1e-3), jaxsmp.Mesh(pp=2, sdp=4))
@@ -91,6 +92,7 @@ def test_fused_1f1b_under_tp_keeps_memory_bounded_as_microbatches_grow(config):
     their cotangents only, GPipe's by every microbatch's activations (measured:
     1F1B 14.3 -> 20.7 MiB, GPipe 49.7 -> 147.7 MiB)."""
     import optax
+
     from jaxsmp.losses import causal_lm_loss
     state = jaxsmp.init(config.build, optax.adamw(1e-3), jaxsmp.Mesh(pp=2, sdp=2, tp=2))
     temp = {}
@@ -113,6 +115,7 @@ def test_virtual_keeps_no_copy_of_the_weights_per_tick(tiny_config):
     with sdp=2; keeping the slices, as before: 146.1 and 90.7 MiB)."""
     import jax
     import optax
+
     from jaxsmp.losses import causal_lm_loss
     config = tiny_config.replace(num_hidden_layers=8, hidden_size=256, intermediate_size=1024)
     temp = {}
@@ -155,8 +158,9 @@ def test_unknown_pipeline_option():
 
 
 def test_eval_step_with_pipeline(config, tokens, pp4_state):
-    from jaxsmp.losses import causal_lm_loss
     import optax
+
+    from jaxsmp.losses import causal_lm_loss
     single = jaxsmp.init(config.build, optax.adamw(1e-3), single_device_mesh())
     expected = float(jaxsmp.eval_step(causal_lm_loss)(single, {"tokens": tokens})["loss"])
     got = jaxsmp.eval_step(causal_lm_loss, microbatches=4)(pp4_state, {"tokens": tokens})

@@ -240,8 +240,8 @@ def test_partition_needs_a_pipeline(tiny_config, tokens):
 
 def test_one_f_one_b_counts_lighten_the_last_stage_in_lock_step():
     from jaxsmp.pipeline import make_schedule
-    from jaxsmp.pipeline.timing import one_f_one_b_counts
     from jaxsmp.pipeline.simulator import lockstep_time
+    from jaxsmp.pipeline.timing import one_f_one_b_counts
 
     def seconds(counts, head):
         return lockstep_time(make_schedule("interleaved", 4, 8), lambda s, op: counts[s] * (

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_gpu_compiler
 import jaxsmp
+from conftest import require_gpu_compiler
 from jaxsmp.hf import to_hf_config
 from jaxsmp.plan.__main__ import main
 
@@ -64,6 +64,7 @@ def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
 
 def test_preflight_names_a_gpu_without_a_target(capsys, monkeypatch):
     from dataclasses import replace
+
     from jaxsmp.plan.hardware import GPUS
     monkeypatch.setitem(GPUS, "L40S", replace(GPUS["A100-40GB"], name="L40S"))
     assert main(["--model", "gpt_neox:tiny", "--node", "8xL40S+400Gbps", "--seq-len",

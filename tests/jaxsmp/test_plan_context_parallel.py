@@ -3,8 +3,8 @@ import pytest
 
 import jaxsmp
 from jaxsmp.plan import COMPILED, Candidate, Workload, cluster, estimate_memory, plan
-from jaxsmp.plan.compiled import compile_memory
 from jaxsmp.plan.comm import context_transfers
+from jaxsmp.plan.compiled import compile_memory
 from jaxsmp.plan.throughput import estimate_time
 
 LLAMA_7B = Workload(jaxsmp.models.preset("llama", "7b"), 32768)

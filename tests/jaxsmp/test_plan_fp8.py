@@ -2,8 +2,8 @@
 memory, refused on GPUs without FP8 tensor cores, compiled to FP8 GEMMs by the pre-flight."""
 import pytest
 
-from conftest import require_gpu_compiler
 import jaxsmp
+from conftest import require_gpu_compiler
 from jaxsmp.plan import Candidate, cluster, plan
 from jaxsmp.plan.hardware import GPUS
 from jaxsmp.plan.hlo_cost import Rates, estimate

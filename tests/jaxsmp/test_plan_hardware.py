@@ -1,7 +1,7 @@
 """Accelerator and node tables, generic and user-registered nodes."""
 import pytest
 
-from jaxsmp.plan import GPUS, NODES, Cluster, GPU, Node, generic_node, node, register_node
+from jaxsmp.plan import GPU, GPUS, NODES, Cluster, Node, generic_node, node, register_node
 from jaxsmp.plan.hardware import GiB
 
 

@@ -24,7 +24,7 @@ def candidate(dp=1, sdp=8, tp=1, pp=1, microbatches=1, remat="none", schedule="s
                      precision, schedule, sequence_parallel=sequence_parallel)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(c: Candidate):
     return compile_memory(CONFIG, c, SEQ)
 

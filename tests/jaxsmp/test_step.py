@@ -1,4 +1,5 @@
 """@jaxsmp.step: microbatching, loss scaling, remat, metrics, recompilation, bad input."""
+import hlo
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,9 +7,14 @@ import optax
 import pytest
 
 import jaxsmp
-import hlo
-from conftest import (assert_gradients_match, compiled_programs, gradients, leaves,
-                      single_device_mesh, train)
+from conftest import (
+    assert_gradients_match,
+    compiled_programs,
+    gradients,
+    leaves,
+    single_device_mesh,
+    train,
+)
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.train.precision import LossScale
 

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import jaxsmp
-from conftest import (assert_gradients_match, gradients, leaves, single_device_mesh,
-                      train)
+from conftest import assert_gradients_match, gradients, leaves, single_device_mesh, train
 
 MESHES = {
     "sdp8": (dict(sdp=8), {}),

@@ -13,8 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from conftest import require_gpu_compiler
 import jaxsmp
+from conftest import require_gpu_compiler
 from jaxsmp.checkpoint import abstract_state
 from jaxsmp.losses import causal_lm_loss
 

@@ -4,6 +4,7 @@ a time.
 Slack: 4 KiB for the batch, step counter, loss scale and RNG key (the arguments and
 outputs of the step besides parameters and optimizer state).
 """
+import hlo
 import jax
 import numpy as np
 import optax
@@ -11,10 +12,9 @@ import pytest
 from flax import nnx
 
 import jaxsmp
-import hlo
+import jaxsmp.train.forward
 from conftest import single_device_mesh
 from jaxsmp.losses import causal_lm_loss
-import jaxsmp.train.forward
 from jaxsmp.nn.stack import is_stacked
 
 SLACK = 4096

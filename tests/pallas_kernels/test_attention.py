@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from attention_cases import Case, assert_matches_reference, make_inputs
+
 from pallas_kernels import attention
 from pallas_kernels.attention import REFERENCE_SCORE_BYTES, choose_impl
 
@@ -21,7 +21,7 @@ def _qkv(seq=64, heads=4, kv_heads=2, head_dim=16, dtype=jnp.float32, seed=0):
 def test_auto_off_gpu_materialises_scores_up_to_the_budget_then_goes_blockwise() -> None:
     assert jax.default_backend() == "cpu"
     budget = REFERENCE_SCORE_BYTES
-    pick = lambda score_bytes: choose_impl(jnp.bfloat16, 64, alibi=True, segments=True,  # noqa: E731
+    pick = lambda score_bytes: choose_impl(jnp.bfloat16, 64, alibi=True, segments=True,
                                            score_bytes=score_bytes)
     assert pick(budget) == "reference" and pick(budget + 1) == "blockwise"
     assert pick(None) == "blockwise"
@@ -30,7 +30,7 @@ def test_auto_off_gpu_materialises_scores_up_to_the_budget_then_goes_blockwise()
 def test_auto_picks_by_the_local_score_matrix_size() -> None:
     small = _qkv(128, 4, 4, 32)       # 1 x 4 x 128^2 x 4 bytes of scores: reference
     long = _qkv(2048, 4, 4, 32)       # 64 MiB: blockwise
-    jaxpr = lambda qkv: str(jax.make_jaxpr(lambda *a: attention(*a, causal=True))(*qkv))  # noqa: E731
+    jaxpr = lambda qkv: str(jax.make_jaxpr(lambda *a: attention(*a, causal=True))(*qkv))
     assert "while" not in jaxpr(small) and "while" in jaxpr(long)
 
 

@@ -6,8 +6,8 @@ import itertools
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from attention_cases import Case, assert_matches_reference, make_inputs
+
 from pallas_kernels.blockwise import blockwise_attention
 
 # max |err| / max |ref| for the output and each gradient, ~6x above the worst observed

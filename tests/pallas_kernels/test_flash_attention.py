@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from attention_cases import Case, assert_matches_reference, make_inputs
+
 from pallas_kernels.flash_attention import flash_attention
 
 # max |err| / max |ref| for the output and each gradient, ~10x above the worst observed

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from attention_cases import Case, make_inputs
+
 from pallas_kernels.reference import attention_reference
 
 
