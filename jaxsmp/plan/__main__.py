@@ -32,6 +32,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp8", "fp16", "fp32"),
                    help="fp8: float8 Linears on H100/H200 (refused on A100s)")
+    p.add_argument("--reduce-dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="dtype of the gradient reduce-scatter and dp all-reduce; auto: the "
+                        "step's default (bf16 with --precision bf16, else fp32)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--remat", nargs="+", default=list(POLICIES), choices=POLICIES,
                    help="remat policies to consider")
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         plans = plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch,
                      precision=args.precision, top=None, include_unfit=True,
                      semantics=TARGET if args.semantics == "target" else PLAIN_GSPMD,
-                     remats=args.remat, schedules=args.schedules)
+                     remats=args.remat, schedules=args.schedules,
+                     reduce_dtype=None if args.reduce_dtype == "auto" else args.reduce_dtype)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(records(shown), indent=1))
     else:
-        print(f"{args.model}: {plans[0].candidate.precision}, seq {args.seq_len}, global batch "
+        print(f"{args.model}: {plans[0].candidate.precision}, gradients reduced in "
+              f"{plans[0].candidate.reduced}, seq {args.seq_len}, global batch "
               f"{args.global_batch} on {target}; step semantics: {args.semantics}; "
               f"{len(plans)} configurations, {sum(p.fits for p in plans)} fit")
         print(table(shown))

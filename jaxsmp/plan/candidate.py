@@ -4,11 +4,12 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
+from jaxsmp.checks import positive_int
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
 from jaxsmp.pipeline.simulator import Report, simulate
+from jaxsmp.train.options import REDUCE_DTYPES, default_reduce_dtype
 from jaxsmp.train.precision import precision_policy
-from jaxsmp.checks import positive_int
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class Candidate:
     """Mesh degrees, batch split and step options. ``microbatch_size``: sequences per
     data-parallel rank per microbatch; ``microbatches``: gradient-accumulation steps
     (pp = 1) or the pipeline's microbatches (pp > 1); ``cp``: devices each sequence is
-    split over (context parallelism; the batch is not split over it)."""
+    split over (context parallelism; the batch is not split over it); ``reduce_dtype``:
+    the dtype of the gradient reduce-scatter over sdp and all-reduce over dp, ``fp32``
+    or ``bf16``, ``None`` the step's default (:attr:`reduced`)."""
     dp: int
     sdp: int
     tp: int
@@ -57,6 +60,7 @@ class Candidate:
     virtual_chunks: int = 1
     sequence_parallel: bool = False
     cp: int = 1
+    reduce_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "sdp", "tp", "pp", "cp", "microbatch_size", "microbatches",
@@ -65,6 +69,9 @@ class Candidate:
         if self.remat not in POLICIES:
             raise ValueError(f"unknown remat policy {self.remat!r}; valid: {POLICIES}")
         precision_policy(self.precision)  # raises, naming the valid precisions
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"unknown reduce_dtype {self.reduce_dtype!r}; valid: "
+                             f"{tuple(REDUCE_DTYPES)} or None (the step's default)")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; valid: {SCHEDULES}")
         if self.virtual_chunks > 1 and self.schedule != "virtual":
@@ -97,6 +104,17 @@ class Candidate:
         return self.microbatches if self.pp == 1 else 1
 
     @property
+    def reduced(self) -> str:
+        """The dtype gradients are reduced in: ``reduce_dtype``, or the step's default
+        for the precision (``bf16`` with ``precision="bf16"``, else ``fp32``)."""
+        return self.reduce_dtype or default_reduce_dtype(self.precision)
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per gradient element in the reduce-scatter and the dp all-reduce."""
+        return {"fp32": 4, "bf16": 2}[self.reduced]
+
+    @property
     def offload(self) -> bool:
         return self.remat == "offload"
 
@@ -107,7 +125,7 @@ class Candidate:
     def step_options(self) -> dict:
         """Keyword arguments of ``jaxsmp.step`` that run this candidate."""
         options = dict(microbatches=self.microbatches, precision=self.precision,
-                       remat=self.remat)
+                       remat=self.remat, reduce_dtype=self.reduced)
         if self.pp > 1:
             options["pipeline"] = self.schedule
             if self.schedule == "virtual":
@@ -125,13 +143,16 @@ class Candidate:
                                           else ""))
         if self.sequence_parallel:
             parts.append("sp")
+        if self.reduced != default_reduce_dtype(self.precision):
+            parts.append(f"reduce={self.reduced}")
         return " ".join(parts)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "grad_accum": self.grad_accum, "offload": self.offload}
+        return {**asdict(self), "reduce_dtype": self.reduced, "grad_accum": self.grad_accum,
+                "offload": self.offload}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schedule_report(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> Report:
     """The simulator's report (bubble, peak live activations) of a pipeline schedule."""
     return simulate(make_schedule(schedule, stages, microbatches, chunks))

@@ -45,6 +45,13 @@ def _shares(p: Plan) -> str:
     return ", ".join(shown)
 
 
+def _reduction(c) -> str:
+    """The gradient reduction's dtype, and whether it is the step's default."""
+    default = (f" (the step's default for precision={c.precision!r})"
+               if c.reduce_dtype is None else "")
+    return f"gradients reduced in {c.reduced}{default}"
+
+
 def _best(plans: Sequence[Plan], keep: Callable[[Plan], bool]) -> Plan | None:
     return next((p for p in plans if p.fits and keep(p)), None)
 
@@ -61,7 +68,7 @@ def why(plans: Sequence[Plan]) -> str:
     b = best.candidate
     lines = [f"#1 {_label(best)}: {best.throughput.step_seconds:.2f} s per step "
              f"({_shares(best)}), {best.memory.total / GiB:.1f} of "
-             f"{best.capacity / GiB:.1f} GiB per GPU."]
+             f"{best.capacity / GiB:.1f} GiB per GPU; {_reduction(b)}."]
     rivals = [
         ("runner-up", lambda p: p is not best),
         ("best with another tp", lambda p: p.candidate.tp != b.tp),

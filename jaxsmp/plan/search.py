@@ -19,6 +19,7 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
 from jaxsmp.plan.workload import Workload
+from jaxsmp.train.options import REDUCE_DTYPES
 
 GiB = 1 << 30
 VIRTUAL_CHUNKS = (2,)   # chunks per stage the search tries for the virtual schedule
@@ -80,9 +81,12 @@ def load_model(model: Any):
 def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str = "bf16",
                remats: Sequence[str] = POLICIES, schedules: Sequence[str] = SCHEDULES,
                sequence_parallel: bool = False,
-               context: Sequence[int] | None = None) -> Iterator[Candidate]:
+               context: Sequence[int] | None = None,
+               reduce_dtype: str | None = None) -> Iterator[Candidate]:
     """Every (dp, sdp, tp, pp, cp, microbatch, remat, schedule) dividing the cluster, the
     global batch and the model (whole heads per tp rank); tp x cp stays inside a node.
+    ``reduce_dtype``: every candidate's (``None``: the step's default for ``precision``;
+    not searched, bf16 reduction only ever moves fewer bytes).
     ``context``: the cp degrees to try (default :data:`CONTEXT_DEGREES` for sequences of
     at least :data:`LONG_SEQUENCE` tokens, else cp = 1 only)."""
     if context is None:
@@ -93,7 +97,7 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
             for remat in remats:
                 for schedule, chunks in _schedules(w, pp, local // mbs, schedules):
                     yield Candidate(dp, sdp, tp, pp, mbs, local // mbs, remat, precision,
-                                    schedule, chunks, sequence_parallel, cp)
+                                    schedule, chunks, sequence_parallel, cp, reduce_dtype)
 
 
 def _meshes(w: Workload, cluster: Cluster, global_batch: int, context: Sequence[int]):
@@ -158,10 +162,15 @@ def evaluate(w: Workload, c: Candidate, cluster: Cluster,
 def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int,
          precision: str = "bf16", top: int | None = 10, semantics: Semantics = TARGET,
          remats: Sequence[str] = POLICIES, schedules: Sequence[str] = SCHEDULES,
-         include_unfit: bool = False) -> list[Plan]:
+         include_unfit: bool = False, reduce_dtype: str | None = None) -> list[Plan]:
     """Ranked plans for training ``model_config`` on ``cluster``: the configurations that
-    fit in memory, fastest first (``include_unfit``: then the others, smallest first)."""
+    fit in memory, fastest first (``include_unfit``: then the others, smallest first).
+    ``reduce_dtype``: the gradient reduction's dtype, ``fp32`` or ``bf16``; ``None`` takes
+    the step's default (``bf16`` with ``precision="bf16"``, else ``fp32``)."""
     positive_int("global_batch", global_batch)
+    if reduce_dtype is not None and reduce_dtype not in REDUCE_DTYPES:
+        raise ValueError(f"unknown reduce_dtype {reduce_dtype!r}; valid: "
+                         f"{tuple(REDUCE_DTYPES)} or None (the step's default)")
     cluster.node.gpu.check_precision(precision)
     config = load_model(model_config)
     if hasattr(config, "num_local_experts"):
@@ -173,7 +182,7 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
     def every(context: Sequence[int] | None) -> list[Plan]:
         return [evaluate(w, c, cluster, semantics) for c in
                 candidates(w, cluster, global_batch, precision, remats, schedules,
-                           context=context)]
+                           context=context, reduce_dtype=reduce_dtype)]
     plans = every(None)
     if w.seq_len < LONG_SEQUENCE and not any(p.fits for p in plans):
         plans += every(CONTEXT_DEGREES[1:])   # a short sequence split as a last resort

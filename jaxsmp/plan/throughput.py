@@ -100,7 +100,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp
     per_layer = shards.layer_gathered * c.tp / split / zero
     gather = gather_seconds(cluster, zero, c.tp, cbytes * per_layer)
-    reduce_scatter = gather_seconds(cluster, zero, c.tp, 4 * per_layer)
+    # the gradient travels in the candidate's reduce_dtype (float32 or bf16)
+    reduce_scatter = gather_seconds(cluster, zero, c.tp, c.reduce_bytes * per_layer)
     if not semantics.keeps_gathered(c.remat):
         reduce_scatter += gather    # gathered again for the backward pass
     reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
@@ -213,7 +214,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
     top = (gather_seconds(cluster, zero, c.tp, cbytes * shards.top_gathered / zero)
-           + gather_seconds(cluster, zero, c.tp, 4 * shards.top_gathered / zero))
+           + gather_seconds(cluster, zero, c.tp, c.reduce_bytes * shards.top_gathered / zero))
     tokens = c.microbatch_size * w.seq_len // c.cp
     sends = 2 * c.virtual_chunks * stage_send_seconds(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
@@ -226,7 +227,8 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         tp=m * layers * layer.tp,
         pp=m * sends,
         bubble=bubble,
-        dp=all_reduce_seconds(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp, 4 * shards.local),
+        dp=all_reduce_seconds(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp,
+                              c.reduce_bytes * shards.local),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload,
         cp=m * layers * layer.cp, stages=split, spread_head=spread)

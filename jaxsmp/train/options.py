@@ -31,6 +31,12 @@ HEADS = ("auto", "last", "spread")
 REDUCE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
+def default_reduce_dtype(precision: str) -> str:
+    """``reduce_dtype=None``'s choice: ``bf16`` for bf16 compute (its loss curves match
+    float32 reduction's, docs/zero3-memory.md), ``fp32`` otherwise."""
+    return "bf16" if precision == "bf16" else "fp32"
+
+
 @dataclass(frozen=True)
 class StepOptions:
     """How ``@jaxsmp.step`` runs a loss: each field is documented where it is declared.
@@ -130,10 +136,8 @@ class StepOptions:
 
     @property
     def reduce_jnp_dtype(self):
-        """``reduce_dtype`` as a JAX dtype; ``None``: bfloat16 for bf16 compute (its loss
-        curves match float32 reduction's, docs/zero3-memory.md), float32 otherwise."""
-        default = "bf16" if self.precision == "bf16" else "fp32"
-        return REDUCE_DTYPES[self.reduce_dtype or default]
+        """``reduce_dtype`` as a JAX dtype; ``None``: :func:`default_reduce_dtype`."""
+        return REDUCE_DTYPES[self.reduce_dtype or default_reduce_dtype(self.precision)]
 
     def prefetches(self, platform: str) -> bool:
         """Whether the step prefetches on devices of ``platform`` (``cpu``, ``gpu`` ...):

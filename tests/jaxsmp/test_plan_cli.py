@@ -27,6 +27,18 @@ def test_json_lists_the_plans_best_first(capsys):
         (p["tflops_per_gpu"] for p in plans), reverse=True)
 
 
+def test_the_gradient_reduction_dtype_is_printed_and_can_be_chosen(capsys):
+    common = ["--model", "gpt_neox:13b", "--node", "p4d.24xlarge", "--nodes", "4",
+              "--seq-len", "2048", "--global-batch", "64", "--top", "1"]
+    assert main(common) == 0
+    assert "bf16, gradients reduced in bf16" in capsys.readouterr().out
+    assert main(common + ["--reduce-dtype", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["reduce_dtype"] == "fp32"
+    with pytest.raises(SystemExit):
+        main(common + ["--reduce-dtype", "fp16"])
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
 def test_a_hugging_face_config_and_a_generic_node_are_accepted(tmp_path, capsys):
     config = jaxsmp.models.preset("llama", "tiny")
     (tmp_path / "config.json").write_text(json.dumps(to_hf_config(config)))

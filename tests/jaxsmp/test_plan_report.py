@@ -1,4 +1,6 @@
 """Plans as a table, as JSON records, and the reasons the best one wins."""
+import pytest
+
 from jaxsmp.plan import cluster, plan
 from jaxsmp.plan.report import records, table, why
 
@@ -23,6 +25,17 @@ def test_why_compares_the_best_with_its_rivals_and_names_what_does_not_fit():
     assert first.startswith("#1 " + ranked[0].candidate.label()) and "compute" in first
     assert "runner-up" in text and "best with another tp" in text and "slower" in text
     assert "remat" in text.splitlines()[1]
+
+
+def test_the_report_names_the_gradient_reduction_dtype():
+    default = why(plans())
+    assert "gradients reduced in bf16 (the step's default for precision='bf16')" in default
+    chosen = plans(reduce_dtype="fp32")
+    assert "gradients reduced in fp32." in why(chosen).splitlines()[0]
+    assert all(p.candidate.label().endswith("reduce=fp32") for p in chosen)
+    assert records(chosen[:1])[0]["reduce_dtype"] == "fp32"
+    with pytest.raises(ValueError, match="unknown reduce_dtype 'f32'"):
+        plans(reduce_dtype="f32")
 
 
 def test_why_says_when_nothing_fits():

@@ -61,6 +61,32 @@ def test_data_parallel_replicas_pay_one_gradient_all_reduce_per_step():
     assert estimate_time(W, Candidate(4, 32, 1, 1, 8, 1, "full"), P4D).dp > 0
 
 
+def test_a_bf16_reduction_moves_half_the_gradient_bytes_of_a_float32_one(monkeypatch):
+    import jaxsmp.plan.throughput as throughput_module
+    calls = {"gather": [], "all_reduce": []}
+    gather, all_reduce = throughput_module.gather_seconds, throughput_module.all_reduce_seconds
+    monkeypatch.setattr(throughput_module, "gather_seconds", lambda cl, size, stride, nbytes: (
+        calls["gather"].append(nbytes) or gather(cl, size, stride, nbytes)))
+    monkeypatch.setattr(throughput_module, "all_reduce_seconds", lambda cl, size, s, nbytes: (
+        calls["all_reduce"].append(nbytes) or all_reduce(cl, size, s, nbytes)))
+
+    def priced(reduce_dtype):
+        calls["gather"].clear(), calls["all_reduce"].clear()
+        t = estimate_time(W, Candidate(4, 32, 1, 1, 8, 1, "full", reduce_dtype=reduce_dtype),
+                          P4D)
+        # (layer gather, layer reduce-scatter, top gather, top reduce-scatter), dp all-reduce
+        return t, calls["gather"][:], calls["all_reduce"][-1]
+
+    bf16, (gather16, scatter16, top16, top_scatter16), dp16 = priced("bf16")
+    fp32, (gather32, scatter32, top32, top_scatter32), dp32 = priced("fp32")
+    assert scatter16 == scatter32 / 2 and top_scatter16 == top_scatter32 / 2
+    assert dp16 == dp32 / 2
+    assert (gather16, top16) == (gather32, top32)     # weights are gathered in bf16 either way
+    assert bf16.dp < fp32.dp and bf16.sdp <= fp32.sdp and bf16.compute == fp32.compute
+    # the step's default with bf16 compute is bf16 reduction
+    assert priced(None)[0] == bf16
+
+
 def test_a_candidate_must_use_the_whole_cluster():
     with pytest.raises(ValueError, match="uses 64 devices; the cluster has 128"):
         estimate_time(W, Candidate(1, 64, 1, 1, 16, 1, "full"), P4D)
@@ -133,8 +159,9 @@ def test_the_report_names_an_unequal_split():
     heavy = Workload(jaxsmp.models.preset("gpt_neox", "1.3b", vocab_size=512000), 2048)
     plan = evaluate(heavy, Candidate(1, 32, 1, 4, 1, 16, "full", schedule="interleaved"),
                     P4D)
-    assert "layers 10,3,10,1" in table([plan])
-    assert records([plan])[0]["pipeline_partition"] == [10, 3, 10, 1]
+    # (bf16 gradient reduction, the step's default: with float32 it was 10,3,10,1)
+    assert "layers 10,2,10,2" in table([plan])
+    assert records([plan])[0]["pipeline_partition"] == [10, 2, 10, 2]
 
 
 def test_a_heavy_head_is_spread_when_the_microbatch_divides_and_the_report_says_so():
