@@ -105,6 +105,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     shards = w.shards(c.mesh_shape, rules)
     compute = jnp.dtype(precision_policy(c.precision).compute_dtype)
     cbytes = 4 if backend == "cpu" else compute.itemsize
+    # the dtype of the gradient reduce-scatter (XLA:CPU keeps bfloat16 work in float32)
+    rbytes = 4 if backend == "cpu" else c.reduce_bytes
     tp = c.tp if semantics.megatron_tp else 1     # how far tp splits a layer's work
     tokens = c.microbatch_size * w.seq_len // c.cp       # one microbatch, one device
     layers = math.ceil(w.layers / c.pp)
@@ -131,7 +133,7 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     backward = MemoryBreakdown(
         **state,
         grads=(accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers)
-               + (4 * layer if semantics.prefetch else 0)),  # a layer's delayed scatter
+               + (rbytes * layer if semantics.prefetch else 0)),  # a layer's delayed scatter
         gathered=cbytes * kept * layer + max(0, 4 - cbytes) * layer,
         activations=saved, working=(working + embedding + _attention_tiles(w, c, tp, backend)
                                     + _ring_buffers(w, c, tokens, tp, cbytes, backend)),
