@@ -37,8 +37,8 @@ policy, traced abstractly; ``full`` keeps the layer input; ``offload`` moves wha
 ``save_matmuls`` keeps to host memory), split over tp where they carry heads or the MLP
 width (all of them with sequence parallelism); FlashAttention keeps no score matrix.
 The peak is the larger of two moments: the loss/head backward, and the first layer's
-backward with every layer's activations saved, its gathered weights, its float32
-gradient before the reduce-scatter and its working set (its full activations when
+backward with every layer's activations saved, its gathered weights, its gradient
+before the reduce-scatter (in ``reduce_dtype``) and its working set (its full activations when
 recomputed, half of them without remat). Pipelines hold ``m*v + p - 1``
 microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
 simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
@@ -63,14 +63,16 @@ traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter)
 85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
 program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
 ``hlo_cost`` and ``compiled_time`` are that roofline, which the GPU pre-flight prints
-beside the analytic model). sdp gathers (compute dtype) and reduce-scatters (float32) per
+beside the analytic model). sdp gathers (compute dtype) and reduce-scatters (the
+candidate's ``reduce_dtype``: the step's default, bf16 with bf16 compute, else float32) per
 layer and microbatch use the cost model's best algorithm on the sdp group's topology
 (sharing the host's network with the other groups of the host), plus a launch cost per
 collective call; with prefetch they hide behind a fitted share (``overlap``) of the
 compute beside them, and the first gather and last reduce-scatter of each microbatch
 have nothing to hide behind; else they add. Megatron TP adds two all-reduces per layer
 pass; pipelines add one send per microbatch and chunk boundary and the schedule
-simulator's bubble; dp adds one float32 all-reduce of the gradient shards per step. The
+simulator's bubble; dp adds one all-reduce of the gradient shards per step (in
+``reduce_dtype``). The
 three fitted constants come from ``bench/plan_vs_published.py --fit`` on a third of the
 published runs it lists; it reports the error on the others. Model TFLOP/s use
 :func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
