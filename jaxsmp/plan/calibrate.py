@@ -92,7 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--family", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--gpu", default="A100-80GB")
     args = p.parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "JAX_PLATFORMS" not in os.environ:
+        # python -m imported jaxsmp, and with it jax, before this line: tell its config too
+        # (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax
+        jax.config.update("jax_platforms", "cpu")
     for family in args.family:
         scales = fit(measurements(family, args.gpu))
         print(f'    "{family}": MemoryScale({", ".join(f"{s:.3f}" for s in scales)}),',
