@@ -111,8 +111,9 @@ from jaxsmp.plan.hardware import (
     register_node,
 )
 from jaxsmp.plan.memory import MemoryBreakdown, estimate_memory
+from jaxsmp.plan.rates import Throughput
 from jaxsmp.plan.search import Plan, candidates, evaluate, load_model, plan
-from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time
+from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
 
 

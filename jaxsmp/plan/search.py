@@ -17,7 +17,8 @@ from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
-from jaxsmp.plan.throughput import StepTime, Throughput, estimate_time, throughput
+from jaxsmp.plan.rates import Throughput, throughput
+from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.options import REDUCE_DTYPES
 

@@ -284,25 +284,3 @@ def _lockstep(c: Candidate, split: tuple[int, ...], layer: _Layer, per_layer: fl
     timing = fused_seconds if c.tp > 1 else one_f_one_b_seconds
     return timing(split, c.microbatches, forward, per_layer - forward, head,
                   spread_head=spread)
-
-
-@dataclass(frozen=True)
-class Throughput:
-    step_seconds: float
-    tokens_per_second: float
-    model_tflops_per_gpu: float      # 6N + attention per token (PaLM), no recomputation
-    hardware_tflops_per_gpu: float   # FLOPs executed, recomputation included
-    mfu: float
-
-
-def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime) -> Throughput:
-    tokens = c.global_batch * w.seq_len
-    seconds = step.total
-    model = w.model_flops_per_token * tokens / seconds / cluster.world
-    extra = {"none": 0.0, "full": 1 / 3}.get(c.remat, 0.0)
-    if c.pp > 1 and c.schedule == "interleaved":
-        extra += 1 / 3
-    layer_share = 1 - 6 * w.hidden * w.vocab / w.model_flops_per_token
-    hardware = model * (1 + extra * layer_share)
-    return Throughput(seconds, tokens / seconds, model / 1e12, hardware / 1e12,
-                      model / cluster.node.gpu.flops(c.precision))

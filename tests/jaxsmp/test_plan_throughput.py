@@ -4,7 +4,7 @@ import pytest
 import jaxsmp
 from jaxsmp.plan import PLAIN_GSPMD, TARGET, Candidate, Workload, cluster, estimate_time
 from jaxsmp.plan.comm import group_topology
-from jaxsmp.plan.throughput import throughput
+from jaxsmp.plan.rates import throughput
 
 W = Workload(jaxsmp.models.preset("gpt_neox", "13b"), 2048)
 P4D = cluster("p4d.24xlarge", 16)
