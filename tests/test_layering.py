@@ -14,17 +14,26 @@ RULES = [("collectives", "jaxsmp"), ("pallas_kernels", "jaxsmp"),
 OURS = ("jaxsmp", "collectives", "pallas_kernels")
 
 
-def imported(path: Path) -> set[str]:
-    """Every module ``path`` imports, at any depth (relative imports resolved)."""
+def imports(path: Path) -> list[tuple[str, list[str] | None]]:
+    """``(module, names)`` of every import in ``path`` at any depth (relative imports
+    resolved; ``names`` None for a plain ``import module``)."""
     package = ".".join(path.relative_to(ROOT).parent.parts)
-    names = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
+            found += [(a.name, None) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             module = ".".join(p for p in (base, node.module) if p)
-            names |= {module} | {f"{module}.{a.name}" for a in node.names}
+            found.append((module, [a.name for a in node.names]))
+    return found
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth, and every ``module.name`` it takes."""
+    names = set()
+    for module, taken in imports(path):
+        names |= {module} | {f"{module}.{name}" for name in taken or ()}
     return names
 
 
@@ -63,16 +72,10 @@ def architecture_table() -> dict[str, set[str] | None]:
 def imported_units(path: Path) -> set[str]:
     """The units ``path`` imports at any depth: ``from a import b`` counts ``a.b`` where
     that is a module, else ``a`` (``from jaxsmp import step`` uses the front)."""
-    package = ".".join(path.relative_to(ROOT).parent.parts)
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
-            module = ".".join(p for p in (base, node.module) if p)
-            names |= {f"{module}.{a.name}" if _is_module(f"{module}.{a.name}") else module
-                      for a in node.names}
+    for module, taken in imports(path):
+        names |= {module} if taken is None else {
+            f"{module}.{name}" if _is_module(f"{module}.{name}") else module for name in taken}
     return {unit(n) if n != "jaxsmp" else "jaxsmp" for n in names if n.split(".")[0] in OURS}
 
 
