@@ -22,18 +22,25 @@ def cfg(prepared_dir, bpe_tokenizer_file):
                        batch_size=8, seq_len=32, eval_every=3, eval_batches=1, progress=False)
 
 
-def tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
-    """Scalars of the TensorBoard event files in ``log_dir`` (TFRecord framing)."""
+def tensorboard_values(log_dir):
+    """(step, summary value) of every summary in the TensorBoard event files in
+    ``log_dir`` (TFRecord framing)."""
     from tensorboardX.proto.event_pb2 import Event
-    scalars = {}
     for path in log_dir.glob("events.out.tfevents.*"):
         data, at = path.read_bytes(), 0
         while at < len(data):
             (length,) = struct.unpack("<Q", data[at:at + 8])
             event = Event.FromString(data[at + 12:at + 12 + length])
             at += 16 + length
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+            yield from ((event.step, value) for value in event.summary.value)
+
+
+def tensorboard_scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    """Scalars of the TensorBoard event files in ``log_dir``."""
+    scalars = {}
+    for step, value in tensorboard_values(log_dir):
+        if not value.HasField("histo"):
+            scalars.setdefault(value.tag, []).append((step, value.simple_value))
     return scalars
 
 
@@ -115,7 +122,6 @@ def test_evaluation_runs_with_every_step_option_of_the_run(cfg):
 
 
 def test_a_mixtral_run_logs_its_router_losses_and_each_layers_expert_load(cfg, tmp_path):
-    from tensorboardX.proto.event_pb2 import Event
     moe = dataclasses.replace(cfg, model="mixtral", preset="tiny", steps=2, eval_every=2,
                               log_dir=str(tmp_path))
     run(moe)
@@ -123,15 +129,7 @@ def test_a_mixtral_run_logs_its_router_losses_and_each_layers_expert_load(cfg, t
     train = [r for r in records if r["split"] == "train"]
     assert {"lm_loss", "aux_loss", "z_loss", "dropped_tokens"} <= set(train[-1])
     assert train[-1]["aux_loss"] > 0 and train[-1]["dropped_tokens"] == 0
-    histograms = {}
-    for path in tmp_path.glob("events.out.tfevents.*"):
-        data, at = path.read_bytes(), 0
-        while at < len(data):
-            (length,) = struct.unpack("<Q", data[at:at + 8])
-            event = Event.FromString(data[at + 12:at + 12 + length])
-            at += 16 + length
-            for value in event.summary.value:
-                if value.HasField("histo"):
-                    histograms[value.tag] = list(value.histo.bucket)
+    histograms = {value.tag: list(value.histo.bucket)
+                  for _, value in tensorboard_values(tmp_path) if value.HasField("histo")}
     assert sorted(histograms) == [f"train/expert_load/layer_{i}" for i in range(4)]
     assert all(len(b) == 4 and abs(sum(b) - 1) < 1e-5 for b in histograms.values())
