@@ -246,15 +246,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_torchrun_trains_stops_on_sigterm_and_resumes(reference_losses, tmp_path):
-    torchrun = Path(sys.executable).parent / "torchrun"
-    if not torchrun.exists():
-        pytest.skip("no torchrun: pip install -e '.[test]' (its parity extra has torch)")
-    ckpt = tmp_path / "ckpt"
-    command = [str(torchrun), "--nproc_per_node", "2", "-m", "jaxsmp.train", "--config", CONFIG,
-               *TRAIN, "--log-all-processes", "--checkpoint-dir", str(ckpt), "--save-every", "1"]
-    log = tmp_path / "first.out"
+# One process reaching XLA:CPU's gloo rendezvous more than its fixed 30 s after the other
+# (a CPU host starved by the other test worker's compiles) fails the run with this
+GLOO_LATE = "Gloo context initialization failed: DEADLINE_EXCEEDED"
+
+
+def _torchrun_until_stopped(command: list[str], ckpt: Path, log: Path) -> str:
+    """Runs ``command`` until step 2 is saved, stops it with SIGTERM; its output."""
     with open(log, "w") as sink:
         first = subprocess.Popen(command, cwd=ROOT, env=_cpu_env(4), stdout=sink,
                                  stderr=subprocess.STDOUT)
@@ -267,7 +265,25 @@ def test_torchrun_trains_stops_on_sigterm_and_resumes(reference_losses, tmp_path
             for pid in [*_children(first.pid), first.pid]:
                 os.kill(pid, signal.SIGKILL)
             first.wait()
-    out = log.read_text()
+    return log.read_text()
+
+
+@pytest.mark.slow
+def test_torchrun_trains_stops_on_sigterm_and_resumes(reference_losses, tmp_path):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("no torchrun: pip install -e '.[test]' (its parity extra has torch)")
+    for attempt in (1, 2):  # a second start only after GLOO_LATE, never another failure
+        ckpt = tmp_path / f"ckpt{attempt}"
+        command = [str(torchrun), "--nproc_per_node", "2", "-m", "jaxsmp.train", "--config",
+                   CONFIG, *TRAIN, "--log-all-processes", "--checkpoint-dir", str(ckpt),
+                   "--save-every", "1"]
+        try:
+            out = _torchrun_until_stopped(command, ckpt, tmp_path / f"first{attempt}.out")
+            break
+        except AssertionError as err:
+            if attempt == 2 or GLOO_LATE not in str(err):
+                raise
     stopped_at = _saved_steps(ckpt)[-1]
     assert f"stopped by SIGTERM after step {stopped_at} (checkpoint saved)" in out, out[-3000:]
     assert stopped_at < STEPS
