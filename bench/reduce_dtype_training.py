@@ -32,6 +32,9 @@ import jaxsmp  # noqa: E402
 from jaxsmp.data import ByteTokenizer, TokenBatches, load_corpus  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
 
+sys.path.append(str(Path(__file__).resolve().parent))  # collectives is imported by now
+from fp8_training import tail_gap  # noqa: E402
+
 BATCH, SEQ, LR = 16, 64, 1e-3
 RUNS = (("fp32", "fp32", 0), ("bf16", "bf16", 0), ("fp32 seed 1", "fp32", 1))
 
@@ -49,12 +52,6 @@ def loss_curve(family: str, reduce_dtype: str, steps: int, seed: int = 0) -> lis
         state, metrics = train_step(state, data.batch(i))
         losses.append(float(metrics["loss"]))
     return losses
-
-
-def tail_gap(a: list[float], b: list[float], tail: int) -> float:
-    """Mean ``|a - b|`` over the last ``tail`` steps, relative to ``b``'s mean there."""
-    a, b = np.asarray(a[-tail:]), np.asarray(b[-tail:])
-    return float(np.mean(np.abs(a - b)) / np.mean(b))
 
 
 def main(argv=None) -> None:
