@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,18 @@ def test_a_failed_or_skipped_row_shows_its_reason_in_the_table():
                       {"impl": "pallas", "status": "error", "reason": "ValueError: bad"}]}
     text = report.section_table("attention", entry)
     assert "skipped: cuDNN needs an NVIDIA GPU" in text and "error: ValueError: bad" in text
+
+
+def test_smoke_workers_serve_one_group_after_another_in_one_process(tmp_path):
+    env = runner.worker_env(dict(os.environ), smoke=True, cache_dir=str(tmp_path))
+    workers = runner.Workers(env, None, spare=False, reuse=True)
+    ctx, results, pids = {"smoke": True}, [], []
+    try:
+        for _ in range(2):
+            runner.run_group(workers, "environment", [{"label": "environment"}], ctx,
+                             time.time() + 120, {}, lambda i, r: results.append(r))
+            pids.append(workers.spare.proc.pid)
+    finally:
+        workers.close()
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    assert pids[0] == pids[1]

@@ -62,31 +62,51 @@ def worker_env(base: dict, smoke: bool, cache_dir: str) -> dict:
     return env
 
 
+class Worker:
+    """One worker process and the events its stdout brings (a thread reads them)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.events = proc, queue.Queue()
+        threading.Thread(target=_lines, args=(proc, self.events), daemon=True).start()
+
+
 class Workers:
-    """Starts workers; keeps one spare (already importing) for the next row with the
-    default environment."""
+    """Starts workers. On a GPU host each row group gets a fresh process (its own peak
+    memory) and one spare waits, already importing, for the next group with the default
+    environment. With ``reuse`` (``--smoke``: a small CPU, where imports cost more than
+    the rows) one worker serves every group with the default environment in turn."""
 
-    def __init__(self, env: dict, log, spare: bool):
-        self.env, self.log, self.spare, self.keep_spare = env, log, None, spare
+    def __init__(self, env: dict, log, spare: bool, reuse: bool = False):
+        self.env, self.log, self.keep_spare, self.reuse = env, log, spare, reuse
+        self.spare: Worker | None = None
 
-    def _spawn(self, extra: dict) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "bench.gpucheck.worker"], cwd=ROOT,
-                                env={**self.env, **extra}, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                start_new_session=True)
+    def _spawn(self, extra: dict) -> Worker:
+        return Worker(subprocess.Popen(
+            [sys.executable, "-m", "bench.gpucheck.worker"], cwd=ROOT,
+            env={**self.env, **extra}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True, start_new_session=True))
 
-    def take(self, extra: dict) -> subprocess.Popen:
-        if extra or self.spare is None:
-            proc = self._spawn(extra)
+    def take(self, extra: dict) -> Worker:
+        if extra or self.spare is None or self.spare.proc.poll() is not None:
+            worker = self._spawn(extra)
         else:
-            proc, self.spare = self.spare, None
-        if not extra and self.keep_spare:
+            worker, self.spare = self.spare, None
+        if not extra and self.keep_spare and not self.reuse:
             self.spare = self._spawn({})
-        return proc
+        return worker
+
+    def give_back(self, worker: Worker, extra: dict) -> None:
+        """After a group that ended well: kept for the next one (``reuse``), or its
+        input closed so that it exits."""
+        if self.reuse and not extra and worker.proc.poll() is None:
+            self.spare = worker
+        else:
+            worker.proc.stdin.close()
+            worker.proc.wait()
 
     def close(self) -> None:
         if self.spare is not None:
-            kill(self.spare)
+            kill(self.spare.proc)
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -108,22 +128,20 @@ def run_group(workers: Workers, section: str, rows: list[dict], ctx: dict, deadl
               extra: dict, record) -> None:
     """Runs ``rows`` in one worker; ``record(i, result)`` as each comes in. Rows left
     when the worker ends or the deadline passes are recorded as skipped or killed."""
-    proc = workers.take(extra)
+    worker = workers.take(extra)
     try:
-        proc.stdin.write(json.dumps({"section": section, "rows": rows, "deadline": deadline,
-                                     "ctx": ctx}) + "\n")
-        proc.stdin.close()
+        worker.proc.stdin.write(json.dumps({"section": section, "rows": rows,
+                                            "deadline": deadline, "ctx": ctx}) + "\n")
+        worker.proc.stdin.flush()
     except BrokenPipeError:  # it died importing: its exit code is recorded below
         pass
-    events: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc, events), daemon=True).start()
     done, running = set(), None
     while True:
         try:
-            event = events.get(timeout=max(0.1, deadline - time.time()))
+            event = worker.events.get(timeout=max(0.1, deadline - time.time()))
         except queue.Empty:
             event = "deadline"
-        if event is None or event == "deadline":
+        if event is None or event == "deadline" or event["event"] == "done":
             break
         if event["event"] == "start":
             running = event["index"]
@@ -131,8 +149,10 @@ def run_group(workers: Workers, section: str, rows: list[dict], ctx: dict, deadl
             done.add(event["index"])
             record(event["index"], event["result"])
     if event == "deadline":
-        kill(proc)
-    code = proc.wait()
+        kill(worker.proc)
+    elif event is not None:
+        workers.give_back(worker, extra)
+    code = worker.proc.wait() if worker.proc.poll() is not None or event is None else None
     for i in range(len(rows)):
         if i in done:
             continue
@@ -201,7 +221,8 @@ def main(argv: list[str] | None = None, base_env: dict | None = None) -> int:
     writer = report.Writer(meta, results, args.results_dir, args.out, args.smoke)
     with tempfile.TemporaryDirectory(prefix="gpucheck-cache-") as cache:
         # a spare worker imports beside the running one: on a GPU host, not on a small CPU
-        workers = Workers(worker_env(base_env, args.smoke, cache), log, spare=not args.smoke)
+        workers = Workers(worker_env(base_env, args.smoke, cache), log, spare=not args.smoke,
+                          reuse=args.smoke)
         try:
             run_all(args, results, workers, writer, end)
         finally:

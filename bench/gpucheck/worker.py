@@ -1,8 +1,9 @@
 """A worker process: ``python -m bench.gpucheck.worker`` imports JAX and jaxsmp (without
-starting a backend, so a spare worker can wait beside a running one), then reads one job
-from stdin, ``{"section", "rows", "deadline", "ctx"}``, runs the rows in order with the
-section's ``run(row, ctx, deadline)`` and prints each result as one line
-``GPUCHECK {json}`` as soon as it has it. An exception ends its row, not the worker."""
+starting a backend, so a spare worker can wait beside a running one), then reads jobs
+from stdin, one a line, ``{"section", "rows", "deadline", "ctx"}``, until it closes; runs
+each job's rows in order with the section's ``run(row, ctx, deadline)``, prints each
+result as one line ``GPUCHECK {json}`` as soon as it has it, and a ``done`` event after
+the job. An exception ends its row, not the worker."""
 from __future__ import annotations
 
 import importlib
@@ -43,9 +44,10 @@ def main() -> None:
     import jax  # noqa: F401  (imported before the job arrives; no backend starts)
 
     import jaxsmp  # noqa: F401
-    line = sys.stdin.readline()
-    if line.strip():
-        run_job(json.loads(line))
+    for line in sys.stdin:
+        if line.strip():
+            run_job(json.loads(line))
+            emit("done", -1)
 
 
 if __name__ == "__main__":
