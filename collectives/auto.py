@@ -82,7 +82,7 @@ def explain(nbytes: int, topo: Topology | None = None, model: CostModel | None =
         xb = cross_host_bytes(a, nbytes, topo)
         time = "not calibrated" if t is None else f"{t * 1e6:12.1f} us"
         modeled = a == "xla" and model is not None and not model.measured
-        note = " (modeled as ring)" if modeled else ""
+        note = " (modeled as NCCL's ring)" if modeled else ""
         mark = "  <- chosen" if a == d.pick else ""
         lines.append(f"  {a:<13} {time}  cross-host {'?' if xb is None else xb:>12} B{note}{mark}")
     if not d.seconds:

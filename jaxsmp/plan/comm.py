@@ -44,11 +44,11 @@ def gather_seconds(cluster: Cluster, size: int, stride: int, shard_bytes: float)
 
 
 def all_reduce_seconds(cluster: Cluster, size: int, stride: int, nbytes: float) -> float:
-    """A ring all-reduce of ``nbytes`` per rank."""
+    """An all-reduce of ``nbytes`` per rank: NCCL's ring or tree, the faster."""
     if size == 1:
         return 0.0
     topo, model = axis_cost(cluster, size, stride)
-    return COLLECTIVE_LAUNCH + model.all_reduce("ring", nbytes, topo)
+    return COLLECTIVE_LAUNCH + model.all_reduce("best", nbytes, topo)
 
 
 def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,

@@ -98,8 +98,10 @@ class Cluster:
         return f"{self.nodes} x {self.node.name} ({self.world} x {self.node.gpu.name})"
 
 
-# Per-message start-up costs of the collectives cost model (collectives.CostModel.p4d).
-ALPHA_INTRA, ALPHA_INTER = 5e-6, 20e-6
+# Per-step latencies of the collectives cost model: NCCL's tuning constants for its Simple
+# protocol (NVIDIA/nccl src/graph/tuning.cc, hwLatencies): an NVLink ring hop 3.4 us, a
+# network hop 14 us.
+ALPHA_INTRA, ALPHA_INTER = 3.4e-6, 14e-6
 # Matmul efficiencies: the maximum achievable matmul FLOPS (MAMF) measured with BF16 inputs
 # by S. Bekman, "ML Engineering", compute/accelerator: A100 SXM 267.9 of 312 TFLOPS (85.9%),
 # H100 SXM 792.1 of 989 (80.1%); H200 is the same chip (GH200 measured 83.0%: 80% kept).
