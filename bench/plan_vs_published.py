@@ -9,10 +9,17 @@ in tokens per second. Megatron's runs published hardware TFLOP/s (its formula wi
 recomputation), converted back to tokens per second with that formula.
 
 The fitted constants (:class:`jaxsmp.plan.calibration.Fitted`) are fitted on the rows
-marked ``fit`` (every third row with a published configuration, in the order below,
+named in :data:`FIT` (every third row with a published configuration of the list below,
 fixed before any fit) and the error is reported on the others (``held out``). The
 Llama 2 rows publish only GPU hours (so lower bounds, restarts and evaluation included)
 and no configuration: they compare the planner's own choice and are never fitted.
+
+Scaling series (``bench/data/published_scaling.csv``, each row with its source): one
+model and configuration family published at several node counts (llm-foundry's MPT
+tables from 8 to 512 GPUs, torchtitan's Llama 3.1 8B on 8 and 128 GPUs). Their rows
+are held out (except the few that are already fit rows above), and each series' trend,
+the change in tokens/s/GPU from its fewest to its most nodes, is compared with the
+predicted one.
 
     python bench/plan_vs_published.py          # the table with the cached constants
     python bench/plan_vs_published.py --fit    # fit on the fit rows, then the table
@@ -20,6 +27,7 @@ and no configuration: they compare the planner's own choice and are never fitted
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -32,6 +40,7 @@ from jaxsmp.models.gpt_neox import GPTNeoXConfig
 from jaxsmp.plan import Candidate, cluster, evaluate, plan
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
+from jaxsmp.plan.hardware import GB, GPU, Cluster, GiB, Node
 from jaxsmp.plan.search import _workload
 
 MPT = "https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md"
@@ -61,10 +70,22 @@ def _mpt(d: int, layers: int, heads: int) -> GPTNeoXConfig:
                          use_parallel_residual=False, max_position_embeddings=8192)
 
 
-MPT_SIZES = {"1b": (2048, 24, 16), "3b": (2560, 32, 20), "7b": (4096, 32, 32),
+MPT_SIZES = {"350m": (1024, 24, 16), "760m": (1536, 24, 12), "1b": (2048, 24, 16), "3b": (2560, 32, 20), "7b": (4096, 32, 32),
              "13b": (5120, 40, 40), "30b": (7168, 48, 64), "70b": (8192, 80, 64)}
 GPU_NODE = {"a100_80": "8xA100-80GB+1600Gbps", "a100_40": "8xA100-40GB+1600Gbps",
-            "h100": "8xH100-SXM+3200Gbps"}
+            "h100": "8xH100-SXM+3200Gbps", "h100_96": "8xH100-96GB+3200Gbps"}
+# torchtitan's Grand Teton hosts: H100 with 96 GB of HBM2e at 2.4 TB/s and 400 Gb/s per
+# GPU (their docs/performance.md), otherwise the H100 SXM's data sheet; not registered
+# (the bench leaves the planner's tables as they are)
+OWN_NODES = {"8xH100-96GB+3200Gbps": Node(
+    "8xH100-96GB+3200Gbps",
+    GPU("H100-96GB", 989e12, 96 * GiB, 2400 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
+        "torchtitan docs/performance.md: H100 96 GB HBM2e, 2.4 TB/s", fp8_flops=1979e12),
+    8, 3200, 25 * GB, "torchtitan docs/performance.md: Grand Teton, 400 Gb/s per GPU")}
+
+
+def _cluster(name: str, nodes: int) -> Cluster:
+    return Cluster(OWN_NODES[name], nodes) if name in OWN_NODES else cluster(name, nodes)
 
 
 def mpt(size: str, gpu: str, gpus: int, seq: int, mbs: int, accum: int, ac: bool,
@@ -141,12 +162,43 @@ for size, hours in (("7b", 184_320), ("13b", 368_640), ("70b", 1_720_320)):
                     f"{LLAMA2}; A100-80GB, 200 Gbps per GPU; configuration not published "
                     f"(64 nodes assumed, the planner's choice compared); a lower bound",
                     global_batch=1024))
-FIT = {r.name for r in [r for r in RUNS if r.candidate is not None][::3]}
+# every third row with a published configuration of the list above, as fixed before the
+# first fit (named so that rows added later never enter the fit)
+FIT = frozenset({"GPT-NeoX-20B", "MPT-30b a100_80 x8 s2048", "MPT-7b a100_80 x8 s8192",
+                 "MPT-70b h100 x64 s2048", "MPT-7b h100 x8 s2048", "MPT-1b h100 x8 s2048",
+                 "MPT-30b a100_40 x128 s2048", "MaxText Llama-2-70B"})
+assert FIT == {r.name for r in [r for r in RUNS if r.candidate is not None][::3]}
+SCALING_CSV = Path(__file__).resolve().parent / "data" / "published_scaling.csv"
+
+
+def scaling_series() -> dict[str, list[Run]]:
+    """The scaling series of :data:`SCALING_CSV`, each sorted by GPUs; a row that is
+    already in :data:`RUNS` (same name) is that run."""
+    known = {r.name: r for r in RUNS}
+    series: dict[str, list[Run]] = {}
+    lines = [ln for ln in SCALING_CSV.read_text().splitlines() if ln and ln[0] != "#"]
+    for name, model, gpu, gpus, seq, mbs, accum, ac, tokens, source in csv.reader(lines):
+        gpus, seq, mbs, accum = int(gpus), int(seq), int(mbs), int(accum)
+        if model == "llama3_8b":
+            run = Run(f"torchtitan Llama-3.1-8B x{gpus}", llama3("8b"), GPU_NODE[gpu],
+                      gpus // 8, seq, Candidate(1, gpus, 1, 1, mbs, accum, "save_matmuls"),
+                      float(tokens), source)
+        else:
+            run = mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens))
+            run = known.get(run.name, replace(run, source=source.replace("LF ", f"{MPT} ")))
+        series.setdefault(name, []).append(run)
+    return {k: sorted(v, key=lambda r: r.nodes) for k, v in series.items()}
+
+
+def scaling_runs() -> list[Run]:
+    """The series' rows that are not in :data:`RUNS`."""
+    known = {r.name for r in RUNS}
+    return [r for runs in scaling_series().values() for r in runs if r.name not in known]
 
 
 def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
     """(predicted tokens/s/GPU, the configuration predicted) of a run."""
-    target = cluster(run.node, run.nodes)
+    target = _cluster(run.node, run.nodes)
     if run.candidate is None:
         best = plan(run.config, target, seq_len=run.seq_len, global_batch=run.global_batch,
                     top=1)[0]
@@ -182,28 +234,59 @@ def fit(runs: list[Run], start: Fitted = FITTED) -> Fitted:
     return best
 
 
+def kind(run: Run) -> str:
+    return "fit" if run.name in FIT else ("held out" if run.candidate else "choice")
+
+
+def trend(runs: list[Run], tokens: dict[str, float]) -> float:
+    """The change in tokens/s/GPU from the series' fewest nodes to its most."""
+    return tokens[runs[-1].name] / tokens[runs[0].name] - 1
+
+
+def summary(fitted: Fitted = FITTED, choice: bool = True) -> dict:
+    """Every row's prediction, the held-out errors and each series' trends (the check
+    ``tests/jaxsmp/test_plan_published.py`` and the table below read); ``choice``: also
+    the rows that compare the planner's own choice (a search each)."""
+    rows = [r for r in RUNS + scaling_runs() if choice or kind(r) != "choice"]
+    predictions = {r.name: predicted(r, fitted) for r in rows}
+    held = {r.name: predictions[r.name][0] / r.tokens_per_gpu - 1
+            for r in rows if kind(r) == "held out"}
+    published = {r.name: r.tokens_per_gpu for r in rows}
+    tokens = {name: p[0] for name, p in predictions.items()}
+    series = {name: (trend(runs, published), trend(runs, tokens),
+                     any(r.name in FIT for r in runs))
+              for name, runs in scaling_series().items()}
+    absolute = sorted(abs(e) for e in held.values())
+    return {"rows": rows, "predictions": predictions, "held_out": held,
+            "median": statistics.median(absolute), "worst": absolute[-1], "series": series}
+
+
 def table(fitted: Fitted) -> None:
-    tflops = {}
+    result = summary(fitted)
     print("| run | set | GPUs | configuration | published tok/s/GPU (TFLOP/s) | predicted "
           "tok/s/GPU (TFLOP/s) | error |")
     print("|---|---|---|---|---|---|---|")
-    held = []
-    for run in RUNS:
-        tokens, label = predicted(run, fitted)
+    for run in result["rows"]:
+        tokens, label = result["predictions"][run.name]
         per_token = _workload(run.config, run.seq_len).model_flops_per_token / 1e12
         err = tokens / run.tokens_per_gpu - 1
-        kind = "fit" if run.name in FIT else ("held out" if run.candidate else "choice")
-        if kind == "held out":
-            held.append(err)
-        tflops[run.name] = per_token
-        print(f"| {run.name} | {kind} | {run.nodes} x {run.node} | {label} | "
+        print(f"| {run.name} | {kind(run)} | {run.nodes} x {run.node} | {label} | "
               f"{run.tokens_per_gpu:,.0f} ({run.tokens_per_gpu * per_token:.0f}) | "
               f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} |")
-    absolute = [abs(e) for e in held]
-    print(f"\nheld out ({len(held)} runs): median |error| {statistics.median(absolute):.1%}, "
-          f"largest {max(absolute):.1%}; constants: {fitted}")
+    print(f"\nheld out ({len(result['held_out'])} runs): median |error| "
+          f"{result['median']:.1%}, largest {result['worst']:.1%}; constants: {fitted}\n")
+    print("| series | nodes | published trend | predicted trend | same sign | "
+          "difference (points) |")
+    print("|---|---|---|---|---|---|")
+    series = scaling_series()
+    for name, (pub, pred, fitted_row) in result["series"].items():
+        runs = series[name]
+        same = "yes" if (pub > 0) == (pred > 0) else "no"
+        note = " (has a fit row)" if fitted_row else ""
+        print(f"| {name}{note} | {runs[0].nodes}-{runs[-1].nodes} | {pub:+.1%} | {pred:+.1%} "
+              f"| {same} | {100 * abs(pred - pub):.1f} |")
     print()
-    for run in RUNS:
+    for run in result["rows"]:
         print(f"- {run.name}: {run.source}")
 
 

@@ -1,0 +1,88 @@
+"""The planner against published multi-node runs it was not fitted on
+(``bench/plan_vs_published.py``): the held-out rows, their error and each published
+scaling series' trend over node counts (issue 38's targets; the ones not met are strict
+xfails that say by how much)."""
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan_vs_published.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("plan_vs_published", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module    # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _bench()
+
+
+@pytest.fixture(scope="module")
+def result(bench):
+    return bench.summary(choice=False)
+
+
+def test_fit_rows_are_named_and_no_scaling_row_is_fitted_unless_already_a_fit_row(bench):
+    names = {r.name for r in bench.RUNS}
+    assert bench.FIT <= names and len(bench.FIT) == 8
+    scaling = [r for runs in bench.scaling_series().values() for r in runs]
+    assert len(scaling) >= 60 and len(bench.scaling_series()) >= 20
+    # a scaling row is a fit row only when it is one of the fit rows listed before the
+    # series were added
+    assert {r.name for r in scaling} & bench.FIT <= {
+        "MPT-70b h100 x64 s2048", "MPT-1b h100 x8 s2048", "MPT-30b a100_40 x128 s2048"}
+    for r in bench.RUNS + scaling:
+        assert "https://" in r.source, r.name
+    for runs in bench.scaling_series().values():
+        assert len({r.nodes for r in runs}) == len(runs) >= 2
+
+
+@pytest.mark.slow
+def test_the_held_out_median_error_is_within_10_percent(result):
+    assert len(result["held_out"]) >= 70
+    assert result["median"] <= 0.10
+    assert result["median"] == statistics.median(abs(e) for e in result["held_out"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "largest held-out error 53.5%; 8 of 76 rows beyond 20%: torchtitan's Llama 3.1 8B on "
+    "500 W H100s without torch.compile (+49%, +54%) and llm-foundry's small models on "
+    "H100 (MPT-760m +22% to +33%) run below the data-sheet rates the planner uses; MPT-1b "
+    "on 32 A100-40GB (+26%) is 18% below its own series' 16- and 64-GPU rows"))
+def test_the_largest_held_out_error_is_within_20_percent(result):
+    assert result["worst"] <= 0.20
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "MPT-70b on A100-40GB (64 -> 128 GPUs, microbatch 2 -> 4): published +36%, predicted "
+    "+8%; MPT-13b on A100-40GB (8 -> 128 GPUs): +18% against +6%: the smaller runs are "
+    "slower than any communication cost the planner knows of"))
+def test_every_series_trend_is_within_10_points_of_the_published_one(result):
+    assert all(abs(pred - pub) <= 0.10 for pub, pred, _ in result["series"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "6 of 20 series trends have the other sign, each by under 8 points: the published "
+    "runs lose 2% to 7% from one node to 16 where the planner, with every collective "
+    "hidden behind compute, predicts -0.3% to +1%"))
+def test_every_series_trend_has_the_published_sign(result):
+    assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
+
+
+@pytest.mark.slow
+def test_trends_match_in_sign_or_are_within_8_points_and_most_within_10(result):
+    """What holds today, so that it does not get worse unnoticed."""
+    series = result["series"].values()
+    assert all((pub > 0) == (pred > 0) or abs(pred - pub) < 0.08 for pub, pred, _ in series)
+    assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
