@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 SBATCH = ROOT / "examples" / "cluster" / "train.sbatch"
 CONFIG = "examples/configs/tiny_cpu.toml"  # the sbatch script's CONFIG
-STEPS = 30
+STEPS = 12
 TRAIN = ["--dp", "2", "--sdp", "4", "--tp", "1",
          "--steps", str(STEPS), "--eval-every", "0", "--no-progress", "--print-losses",
          "--seq-len", "32", "--batch-size", "8", "--microbatches", "1", "--log-every", "1"]
@@ -61,13 +61,17 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
 GLOO_LATE = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 
 
-def _cpu_env(devices: int) -> dict[str, str]:
-    """This environment with the venv first on PATH and ``devices`` CPU devices a process."""
+def _cpu_env(devices: int, cache: Path) -> dict[str, str]:
+    """This environment with the venv first on PATH, ``devices`` CPU devices a process,
+    and JAX's compilation cache in ``cache``: a resumed run loads the program its first
+    run compiled, so the two processes reach gloo's fixed 30 s rendezvous together."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("XLA_FLAGS", "MASTER_", "SLURM_", "PMI_", "OMPI_"))}
     env.update(PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-                         "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+                         "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+               JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     return env
 
 
@@ -129,7 +133,7 @@ class Slurm:
         conf = dir / "slurm.conf"
         conf.write_text(SLURM_CONF.format(dir=dir, port=_free_port(), port_d=_free_port(),
                                           host=os.uname().nodename))
-        self.env = {**_cpu_env(4), "SLURM_CONF": str(conf), "CONFIG": CONFIG}
+        self.env = {**_cpu_env(4, dir / "jax-cache"), "SLURM_CONF": str(conf), "CONFIG": CONFIG}
         self.daemons: list[subprocess.Popen] = []
 
     def _daemon(self, *command: str) -> None:
@@ -259,10 +263,10 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _torchrun_until_stopped(command: list[str], ckpt: Path, log: Path) -> str:
+def _torchrun_until_stopped(command: list[str], ckpt: Path, log: Path, env: dict) -> str:
     """Runs ``command`` until step 2 is saved, stops it with SIGTERM; its output."""
     with open(log, "w") as sink:
-        first = subprocess.Popen(command, cwd=ROOT, env=_cpu_env(4), stdout=sink,
+        first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
                                  stderr=subprocess.STDOUT)
     try:
         _wait_for_checkpoint(ckpt, lambda: first.poll() is None, log)
@@ -281,13 +285,14 @@ def test_torchrun_trains_stops_on_sigterm_and_resumes(reference_losses, tmp_path
     torchrun = Path(sys.executable).parent / "torchrun"
     if not torchrun.exists():
         pytest.skip("no torchrun: pip install -e '.[test]' (its parity extra has torch)")
+    env = _cpu_env(4, tmp_path / "jax-cache")
     for attempt in (1, 2):  # a second start only after GLOO_LATE, never another failure
         ckpt = tmp_path / f"ckpt{attempt}"
         command = [str(torchrun), "--nproc_per_node", "2", "-m", "jaxsmp.train", "--config",
                    CONFIG, *TRAIN, "--log-all-processes", "--checkpoint-dir", str(ckpt),
                    "--save-every", "1"]
         try:
-            out = _torchrun_until_stopped(command, ckpt, tmp_path / f"first{attempt}.out")
+            out = _torchrun_until_stopped(command, ckpt, tmp_path / f"first{attempt}.out", env)
             break
         except AssertionError as err:
             if attempt == 2 or GLOO_LATE not in str(err):
@@ -295,7 +300,7 @@ def test_torchrun_trains_stops_on_sigterm_and_resumes(reference_losses, tmp_path
     stopped_at = _saved_steps(ckpt)[-1]
     assert f"stopped by SIGTERM after step {stopped_at} (checkpoint saved)" in out, out[-3000:]
     assert stopped_at < STEPS
-    resumed = subprocess.run([*command, "--resume", "require"], cwd=ROOT, env=_cpu_env(4),
+    resumed = subprocess.run([*command, "--resume", "require"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     _check_resumed(resumed.stdout + resumed.stderr, ckpt, stopped_at, reference_losses)
