@@ -7,7 +7,7 @@ Tiny GPT-NeoX with 4 layers (so pp=4 puts one layer on each stage, and the virtu
 schedule with pp=2 runs 2 chunks of 1 layer per stage). Tolerances as in
 test_step_equivalence.py: first-step gradients within 1e-5 of each parameter's largest
 gradient and grad_norm rtol 1e-5; losses rtol 1e-5, parameters after 3 AdamW steps
-atol 2e-4. (The pp2-sdp4 schedules and pp2-sdp2-tp2 simple are in that file's matrix.)
+atol 2e-4. (The pp2-sdp4 schedules are in test_full_step_equivalence.py's matrix.)
 """
 import numpy as np
 import pytest
@@ -45,20 +45,17 @@ def _check(config, tokens, reference, degrees, **options):
 SLOW = pytest.mark.slow
 
 
+# pp2-sdp4 simple and 1F1B, pp4-sdp2 simple: test_full_step_equivalence.py's matrix
 @pytest.mark.parametrize("degrees,options", [
-    pytest.param(dict(pp=2, sdp=4), dict(microbatches=4, pipeline="simple"), marks=SLOW),
     (dict(pp=4, sdp=2), dict(microbatches=4, pipeline="interleaved")),
     (dict(pp=2, sdp=2, tp=2), dict(microbatches=2, pipeline="virtual", virtual_chunks=2)),
     (dict(pp=2, sdp=2, tp=2), dict(microbatches=4, pipeline="interleaved")),
-    pytest.param(dict(pp=4, sdp=2), dict(microbatches=4, pipeline="simple"), marks=SLOW),
     pytest.param(dict(pp=2, tp=4), dict(microbatches=2, pipeline="simple"), marks=SLOW),
     pytest.param(dict(dp=4, pp=2), dict(microbatches=2, pipeline="interleaved"), marks=SLOW),
-    pytest.param(dict(pp=2, sdp=4), dict(microbatches=4, pipeline="interleaved"), marks=SLOW),
     pytest.param(dict(dp=2, pp=2, sdp=2), dict(microbatches=4, pipeline="virtual"),
                  marks=SLOW),
-], ids=["pp2-sdp4-simple", "pp4-sdp2-1f1b", "pp2-sdp2-tp2-virtual", "pp2-sdp2-tp2-1f1b",
-        "pp4-sdp2-simple", "pp2-tp4-simple", "dp4-pp2-1f1b", "pp2-sdp4-1f1b",
-        "dp2-pp2-sdp2-virtual"])
+], ids=["pp4-sdp2-1f1b", "pp2-sdp2-tp2-virtual", "pp2-sdp2-tp2-1f1b", "pp2-tp4-simple",
+        "dp4-pp2-1f1b", "dp2-pp2-sdp2-virtual"])
 def test_pipeline_matches_single_device(config, tokens, reference, degrees, options):
     _check(config, tokens, reference, degrees, **options)
 
