@@ -1,5 +1,5 @@
-"""The device mesh: data (dp), sharded data (sdp), context (cp), tensor (tp) and pipeline
-(pp) axes."""
+"""The device mesh: data (dp), expert (ep), sharded data (sdp), context (cp), tensor (tp)
+and pipeline (pp) axes."""
 from __future__ import annotations
 
 import math
@@ -14,8 +14,11 @@ from jaxsmp.checks import positive_int
 
 # Outermost to innermost. tp varies fastest, so tp groups, then cp groups and then sdp
 # groups are formed from consecutive devices of one host; dp replicas go across hosts.
-AXES = ("dp", "pp", "sdp", "cp", "tp")
-DATA_AXES = ("dp", "sdp")   # the batch is split over these
+# ep (expert parallelism) reuses data devices, as MaxText and torchtitan do: the batch is
+# split over it too, mixture-of-experts experts are split over it, everything else is
+# replicated over it (like dp).
+AXES = ("dp", "pp", "ep", "sdp", "cp", "tp")
+DATA_AXES = ("dp", "ep", "sdp")   # the batch is split over these
 PIPELINE_AXIS = "pp"
 
 
@@ -36,7 +39,7 @@ def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
     for name, value in given.items():
         positive_int(f"mesh degree {name}", value, optional=True)
     fixed = {k: v for k, v in given.items() if v is not None}
-    defaults = {"dp": 1, "pp": 1, "cp": 1, "tp": 1}
+    defaults = {"dp": 1, "pp": 1, "ep": 1, "cp": 1, "tp": 1}
     missing = [k for k in AXES if given[k] is None]
     if "sdp" in missing:  # sdp takes what is left
         others = {k: fixed.get(k, defaults.get(k, 1)) for k in AXES if k != "sdp"}
@@ -56,17 +59,6 @@ def _resolve_degrees(n: int, given: dict[str, int | None]) -> dict[str, int]:
     return degrees
 
 
-def _refuse_expert_parallelism(ep: int | None) -> None:
-    """``ep`` (expert parallelism) is not implemented: only 1 is accepted."""
-    positive_int("mesh degree ep", ep, optional=True)
-    if ep not in (None, 1):
-        raise ValueError(
-            f"mesh degree ep={ep}: expert parallelism (experts sharded over ep, tokens "
-            f"sent to them by all-to-all) is not implemented yet; use ep=1. A mixture of "
-            f"experts trains with its expert weights ZeRO-3-sharded over sdp and split "
-            f"over tp like a dense MLP")
-
-
 @dataclass(frozen=True)
 class Mesh:
     """A jaxsmp device mesh. ``sdp`` defaults to whatever the other degrees leave.
@@ -75,7 +67,11 @@ class Mesh:
     parallelism over pairs. ``cp`` splits every sequence over that many devices
     (context parallelism, :mod:`jaxsmp.context`). ``collectives`` names the algorithm for the sdp
     parameter gather / gradient reduce-scatter (see ``collectives.ALGORITHMS``).
-    ``ep`` (expert parallelism) accepts only 1 for now: anything else is a ValueError.
+    ``ep`` (expert parallelism) splits a mixture of experts' experts over that many data
+    devices, which exchange tokens by all-to-all (``Mesh(ep=2, sdp=4)``: 8 devices, the
+    batch split 8 ways, each expert on one ep group of 4, ZeRO-3 over sdp inside;
+    docs/moe.md). ``ep`` must divide the expert count, and a model without experts is
+    refused (``jaxsmp.init``).
     """
     dp: int | None = None
     sdp: int | None = None
@@ -89,8 +85,6 @@ class Mesh:
 
     def __post_init__(self) -> None:
         check_collectives(self.collectives)
-        _refuse_expert_parallelism(self.ep)
-        object.__setattr__(self, "ep", 1)
         devices = list(self.devices if self.devices is not None else jax.devices())
         degrees = _resolve_degrees(len(devices), {a: getattr(self, a) for a in AXES})
         for name, value in degrees.items():
@@ -104,8 +98,8 @@ class Mesh:
 
     @property
     def data_size(self) -> int:
-        """How many ways the global batch is split (dp x sdp)."""
-        return self.dp * self.sdp
+        """How many ways the global batch is split (dp x ep x sdp)."""
+        return self.dp * self.ep * self.sdp
 
     @property
     def manual_axes(self) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ def run_mesh(cfg: TrainConfig) -> Mesh:
     do not fit the devices or the global batch does not split over the data axes and
     microbatches (the step's own check, :func:`jaxsmp.train.batch.check_batch`)."""
     try:
-        mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp,
+        mesh = Mesh(dp=cfg.dp, sdp=cfg.sdp, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp, ep=cfg.ep,
                     collectives=cfg.collectives)
         tokens = jax.ShapeDtypeStruct((cfg.batch_size, cfg.seq_len), jnp.int32)
         check_batch({"tokens": tokens}, mesh, cfg.step.microbatches)

@@ -34,6 +34,9 @@ class TrainConfig:
     pp: int = _f(1, "mesh", "pipeline-parallel degree")
     cp: int = _f(1, "mesh", "context-parallel degree: every sequence split over this many "
                  "devices (long sequences)")
+    ep: int = _f(1, "mesh", "expert-parallel degree: a mixture of experts' experts split over "
+                 "this many data devices, tokens sent to them by all-to-all (must divide "
+                 "the expert count)")
     simulate_devices: int = _f(8, "mesh", "number of simulated CPU devices (ignored on GPU/TPU)")
     collectives: str = _f("auto", "mesh", "algorithm for the sdp parameter gather / gradient "
                           "reduce-scatter")

@@ -32,8 +32,8 @@ def _join_cluster(cfg) -> None:
             simulate_cpu_devices(cfg.simulate_devices)  # before JAX starts; ignored on GPU/TPU
             return
         spec = distributed.initialize()
-        distributed.check_mesh_fits(spec, {a: getattr(cfg, a) for a in ("dp", "sdp", "tp", "pp",
-                                                                         "cp")})
+        distributed.check_mesh_fits(spec, {a: getattr(cfg, a) for a in ("dp", "ep", "sdp", "tp",
+                                                                         "pp", "cp")})
     except (ValueError, distributed.LaunchError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -34,7 +34,7 @@ CHOICES = {
 }
 # smallest valid value of each numeric setting
 MINIMUM = {"steps": 1, "batch_size": 1, "seq_len": 2, "microbatches": 1, "virtual_chunks": 1,
-           "dp": 1, "sdp": 1, "tp": 1, "pp": 1, "cp": 1, "simulate_devices": 1, "warmup": 0,
+           "dp": 1, "sdp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "simulate_devices": 1, "warmup": 0,
            "eval_every": 0, "eval_batches": 1, "read_ahead": 0, "save_every": 0, "keep": 1,
            "log_every": 1, "vocab_size": 1, "weight_decay": 0}
 POSITIVE = ("lr", "clip_norm")  # real numbers > 0 (clip_norm may also be None)

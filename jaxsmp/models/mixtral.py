@@ -116,9 +116,8 @@ class Mixtral(nnx.Module):
         x, stats = self.layers((x, stats), cos, sin)
         x = self.norm(x)
         logits = self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
-        return logits.astype(jnp.float32), {
-            **router_losses(stats, tokens.size), "dropped_tokens": stats["dropped"],
-            "expert_load": stats["load"] / (tokens.size * cfg.num_experts_per_tok)}
+        return logits.astype(jnp.float32), router_losses(stats, tokens.size,
+                                                         cfg.num_experts_per_tok)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.with_router_losses(tokens)[0]

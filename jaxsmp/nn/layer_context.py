@@ -52,6 +52,14 @@ class LayerContext:
     attention: Callable[..., jax.Array] = pallas_kernels.attention
     # Linears holding amax histories run their matmul in float8 (precision="fp8")
     fp8: bool = False
+    # The manual mesh axis a mixture of experts' experts are split over (expert
+    # parallelism): its layer holds only its local experts and sends each token to its
+    # experts' devices by all-to-all (jaxsmp.nn.moe_dispatch); None: all experts local.
+    expert_axis: str | None = None
+    # ``sum_over_data(tree)``: a tree of per-device statistics summed over the step's
+    # data devices (a psum over its manual data axes), so that a loss of batch
+    # statistics (the load-balancing loss) is the global batch's; identity outside a step.
+    sum_over_data: Callable[[Any], Any] = lambda tree: tree
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

@@ -13,6 +13,10 @@ tokens first (Switch); the rest contribute nothing to the output and are counted
 (``dropped``). The grouped GEMMs still run over every assignment: the option changes
 the result, not the compute.
 
+With expert parallelism (the step's :class:`~jaxsmp.nn.LayerContext` names an
+``expert_axis``) the layer holds only its device's experts, and the assignments travel
+to their experts' devices and back by all-to-all (:mod:`jaxsmp.nn.moe_dispatch`).
+
 Router statistics travel through a :class:`~jaxsmp.nn.Stack` in the layer carry (a
 :func:`router_stats` dict, one row of ``load`` per layer), so that the model can
 return the auxiliary losses of :func:`router_losses` from the whole stack.
@@ -27,6 +31,7 @@ from flax import nnx
 
 from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.linear import Linear
+from jaxsmp.nn.moe_dispatch import expert_parallel
 from jaxsmp.nn.param import logical_param
 
 Stats = dict[str, jax.Array]
@@ -41,17 +46,26 @@ def router_stats(num_layers: int, num_experts: int, like: jax.Array) -> Stats:
             "z": zero, "dropped": zero}
 
 
-def router_losses(stats: Stats, num_tokens: int) -> dict[str, jax.Array]:
+def router_losses(stats: Stats, num_tokens: int, top_k: int) -> dict[str, jax.Array]:
     """The Switch/Mixtral load-balancing loss ``E * sum_e f_e * P_e`` (``f_e``: the
     fraction of tokens that chose expert ``e`` among their top-k, ``P_e``: its mean
     router probability, both over all layers' tokens together, as transformers'
-    ``load_balancing_loss_func`` computes them) and the router z-loss (the mean squared
-    log-sum-exp of the router logits, ST-MoE). ``num_tokens``: tokens per layer."""
+    ``load_balancing_loss_func`` computes them), the router z-loss (the mean squared
+    log-sum-exp of the router logits, ST-MoE), ``dropped_tokens`` and ``expert_load``
+    (each layer's share of assignments per expert). ``num_tokens``: tokens per layer.
+
+    Over the global batch: inside a step the statistics and token counts are first
+    summed over the data devices (``LayerContext.sum_over_data``), so that every device
+    computes the batch's loss, and its gradient reaches each device's router through
+    the sum's transpose."""
+    count = jnp.zeros((), jnp.float32) * stats["z"] + num_tokens  # typed like the stats
+    stats, count = current_layer_context().sum_over_data((stats, count))
     layers, experts = stats["load"].shape
-    n = layers * num_tokens
+    n = layers * count
     f = jax.lax.stop_gradient(stats["load"]).sum(0) / n
     return {"aux_loss": experts * jnp.sum(f * stats["probs"] / n),
-            "z_loss": stats["z"] / n}
+            "z_loss": stats["z"] / n, "dropped_tokens": stats["dropped"],
+            "expert_load": stats["load"] / (count * top_k)}
 
 
 def capacity(capacity_factor: float, num_tokens: int, top_k: int, num_experts: int) -> int:
@@ -74,7 +88,7 @@ class MoE(nnx.Module):
             raise ValueError(f"capacity_factor must be > 0 or None (dropless), got "
                              f"{capacity_factor}")
         self.top_k, self.capacity_factor = top_k, capacity_factor
-        self.gate = Linear(dim, num_experts, in_axis="embed", out_axis="experts",
+        self.gate = Linear(dim, num_experts, in_axis="embed", out_axis="router",
                            use_bias=False, rngs=rngs, init_std=init_std)
         init = nnx.initializers.normal(init_std)
         self.gate_proj = logical_param(rngs, init, (num_experts, dim, intermediate),
@@ -91,32 +105,22 @@ class MoE(nnx.Module):
         return logits, chosen, jax.nn.softmax(top, axis=-1)
 
     def __call__(self, x: jax.Array, stats: Stats) -> tuple[jax.Array, Stats]:
-        if current_layer_context().fp8:
+        ctx = current_layer_context()
+        if ctx.fp8:
             raise ValueError("precision='fp8' has no float8 grouped GEMM for a mixture of "
                              "experts yet; use precision='bf16'")
         b, s, d = x.shape
         t = x.reshape(b * s, d)
         logits, chosen, weights = self.route(t)
-        num_experts, k = logits.shape[-1], self.top_k
-        flat = chosen.reshape(-1)
-        order = jnp.argsort(flat, stable=True)     # assignments grouped by expert
-        sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-        token = order // k
+        num_experts = logits.shape[-1]
+        cap = None if self.capacity_factor is None else capacity(
+            self.capacity_factor, b * s, self.top_k, num_experts)
         w1, w3, w2 = self.gate_proj[...], self.up_proj[...], self.down_proj[...]
-        rows = t[token].astype(w1.dtype)
-        h = jax.nn.silu(jax.lax.ragged_dot(rows, w1, sizes)) * jax.lax.ragged_dot(
-            rows, w3, sizes)
-        y = jax.lax.ragged_dot(h.astype(w2.dtype), w2, sizes)
-        scale = weights.reshape(-1)[order]
-        dropped = jnp.zeros((), jnp.float32)
-        if self.capacity_factor is not None:
-            starts = jnp.cumsum(sizes) - sizes
-            position = jnp.arange(flat.shape[0]) - starts[flat[order]]
-            keep = position < capacity(self.capacity_factor, b * s, k, num_experts)
-            scale = jnp.where(keep, scale, 0.0)
-            dropped = jnp.sum(~keep).astype(jnp.float32)
-        out = jax.ops.segment_sum(y.astype(jnp.float32) * scale[:, None], token,
-                                  num_segments=b * s)
+        if ctx.expert_axis is None:
+            out, sizes, dropped = self._local(t, chosen, weights, w1, w3, w2, cap)
+        else:
+            out, sizes, dropped = expert_parallel(t, chosen, weights, w1, w3, w2,
+                                                  ctx.expert_axis, num_experts, cap)
         probs = jax.nn.softmax(logits, axis=-1)
         stats = {"load": jnp.roll(stats["load"], -1, axis=0).at[-1].set(
                      sizes.astype(jnp.float32)),
@@ -124,3 +128,25 @@ class MoE(nnx.Module):
                  "z": stats["z"] + jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
                  "dropped": stats["dropped"] + dropped}
         return out.reshape(b, s, d).astype(x.dtype), stats
+
+    def _local(self, t, chosen, weights, w1, w3, w2, cap: int | None):
+        """(float32 outputs, assignments per expert, dropped) with every expert local."""
+        num_experts, k = w1.shape[0], self.top_k
+        flat = chosen.reshape(-1)
+        order = jnp.argsort(flat, stable=True)     # assignments grouped by expert
+        sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+        token = order // k
+        rows = t[token].astype(w1.dtype)
+        h = jax.nn.silu(jax.lax.ragged_dot(rows, w1, sizes)) * jax.lax.ragged_dot(
+            rows, w3, sizes)
+        y = jax.lax.ragged_dot(h.astype(w2.dtype), w2, sizes)
+        scale = weights.reshape(-1)[order]
+        dropped = jnp.zeros((), jnp.float32)
+        if cap is not None:
+            starts = jnp.cumsum(sizes) - sizes
+            keep = jnp.arange(flat.shape[0]) - starts[flat[order]] < cap
+            scale = jnp.where(keep, scale, 0.0)
+            dropped = jnp.sum(~keep).astype(jnp.float32)
+        out = jax.ops.segment_sum(y.astype(jnp.float32) * scale[:, None], token,
+                                  num_segments=t.shape[0])
+        return out, sizes, dropped

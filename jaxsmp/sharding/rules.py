@@ -3,7 +3,8 @@
 Tensor parallelism follows Megatron: the fused QKV and MLP-in projections are
 column-parallel (their output axis, ``heads``/``mlp``, is split over ``tp``),
 attention-out and MLP-out are row-parallel (their input axis is split), and the
-embedding is vocabulary-parallel. ``embed`` goes to ``sdp``. Any parameter that
+embedding is vocabulary-parallel. ``embed`` goes to ``sdp``. A mixture of experts'
+expert axis goes to ``ep`` (expert parallelism); its router is replicated. Any parameter that
 the table leaves unsharded over ``sdp`` is then split over ``sdp`` on its first
 dimension that divides (ZeRO-3 shards every parameter); a parameter with no such
 dimension is an error, never silently replicated.
@@ -29,7 +30,8 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "kv_heads": "tp",    # grouped key/value heads
     "mlp": "tp",         # MLP hidden: column-parallel in, row-parallel out
     "vocab": "tp",       # vocabulary-parallel embedding and head
-    "experts": None,     # mixture-of-experts experts (no ep axis yet; ZeRO-3 over sdp applies)
+    "experts": "ep",     # mixture-of-experts experts: expert parallelism (ZeRO-3 over sdp inside)
+    "router": None,      # the router's logits, one per expert: every device routes its tokens
     "head_dim": None,
     "norm": None,
 }
@@ -95,5 +97,5 @@ def resolve_spec(name: str, logical_axes: Sequence[str | None], shape: Sequence[
 
 
 def batch_spec(ndim: int) -> P:
-    """Batches are split over both data axes on their leading dimension."""
-    return P(("dp", "sdp"), *([None] * (ndim - 1)))
+    """Batches are split over the data axes (dp, ep, sdp) on their leading dimension."""
+    return P(("dp", "ep", "sdp"), *([None] * (ndim - 1)))

@@ -25,7 +25,7 @@ def check_batch(batch: Any, mesh: Mesh, microbatches: int) -> int:
     need = mesh.data_size * microbatches
     if size % need:
         raise ValueError(
-            f"global batch size {size} is not divisible by dp*sdp ({mesh.data_size}) x "
+            f"global batch size {size} is not divisible by dp*ep*sdp ({mesh.data_size}) x "
             f"microbatches ({microbatches}) = {need}; use a multiple of {need}")
     return size
 

@@ -18,9 +18,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxsmp.context.sequence import over_context
+from jaxsmp.mesh import DATA_AXES
 from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
+from jaxsmp.pipeline import vma
 from jaxsmp.train.attention import local_attention
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
 from jaxsmp.train.layer_scan import zero3_scan
@@ -37,6 +39,16 @@ def _attention(mesh, context_parallel: str, impl: str | None) -> Callable:
     if impl is None:
         return attend
     return lambda q, k, v, **kwargs: attend(q, k, v, **{**kwargs, "impl": impl})
+
+
+def _sum_over_data(tree: Any) -> Any:
+    """``tree``'s per-device values summed over the manual data axes (each made varying
+    over all of them first: a psum takes one type over its axes)."""
+    axes = frozenset(DATA_AXES) & frozenset(jax.sharding.get_abstract_mesh().manual_axes)
+    if not axes:
+        return tree
+    names = tuple(a for a in DATA_AXES if a in axes)
+    return jax.tree.map(lambda x: jax.lax.psum(vma.vary(x, axes), names), tree)
 
 
 def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
@@ -78,7 +90,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
                            embed_lookup=lookup_hook(params, top, tables, dtype),
                            attention=_attention(mesh, options.context_parallel,
                                                 attention_impl),
-                           fp8=fp8)
+                           fp8=fp8, expert_axis="ep" if mesh.shape["ep"] > 1 else None,
+                           sum_over_data=_sum_over_data)
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

@@ -19,7 +19,7 @@ from jaxsmp.mesh import Mesh
 from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var
 from jaxsmp.sharding.rules import batch_spec
-from jaxsmp.train.param_gather import mesh_axes, sdp_dim, summed_in
+from jaxsmp.train.param_gather import mesh_axes, summed_in
 
 
 def manual_spec(axes: tuple, manual: tuple[str, ...]) -> P:
@@ -56,9 +56,10 @@ def shard_map(body: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
 
 
 def _replica_axes(var: nnx.Variable, mesh: Mesh) -> tuple[str, ...]:
-    """The manual data axes a parameter is replicated over: dp, and sdp unless the
-    parameter is split over it."""
-    split = ("sdp",) if sdp_dim(var) is not None else ()
+    """The manual data axes a parameter is replicated over: dp, ep unless the parameter
+    is split over it (a mixture of experts' experts: each ep device owns its own, and the
+    all-to-all brings it every token's gradient), and sdp unless split over it."""
+    split = {a for d in mesh_axes(var) for a in collectives.axis_names(d)}
     return tuple(a for a in mesh.data_axes if a not in split)
 
 

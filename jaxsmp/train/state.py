@@ -10,6 +10,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import PartitionSpec as P
 
+from collectives import axis_names
 from jaxsmp.mesh import Mesh
 from jaxsmp.nn.fp8 import Fp8Meta
 from jaxsmp.nn.param import is_var, logical_axes, path_names
@@ -71,7 +72,23 @@ def annotate_mesh_axes(params: nnx.State, mesh: Mesh, rules: Mapping) -> nnx.Sta
         new = var.replace(var.get_value() if hasattr(var, "get_value") else var[...])
         new.set_metadata(mesh_axes=tuple(spec))
         return new
-    return jax.tree_util.tree_map_with_path(annotate, params, is_leaf=is_var)
+    annotated = jax.tree_util.tree_map_with_path(annotate, params, is_leaf=is_var)
+    _check_expert_axis(annotated, mesh)
+    return annotated
+
+
+def _check_expert_axis(params: nnx.State, mesh: Mesh) -> None:
+    """``ep > 1`` needs a parameter split over ep (a mixture of experts' experts)."""
+    if mesh.ep == 1:
+        return
+    split = {a for v in jax.tree.leaves(params, is_leaf=is_var)
+             for d in v.get_metadata()["mesh_axes"] for a in axis_names(d)}
+    if "ep" not in split:
+        raise ValueError(
+            f"mesh degree ep={mesh.ep} splits a mixture of experts' experts over ep, but "
+            f"no parameter of this model is split over ep (a dense model has no experts); "
+            f"use ep=1 and give those devices to the data axes, e.g. "
+            f"sdp={mesh.ep * mesh.sdp} or dp={mesh.ep * mesh.dp}")
 
 
 def state_shardings(tree: Any, mesh: Mesh) -> Any:

@@ -84,7 +84,7 @@ def test_resume_on_same_mesh_is_bitwise(reference, data, train_step):
         meta = ckpt.metadata(2)
         state = ckpt.restore(abstract_state(CFG.build, TX, jaxsmp.Mesh(sdp=8)), step=2)
     assert meta["step"] == meta["data_position"] == 2
-    assert meta["mesh"] == {"dp": 1, "pp": 1, "sdp": 8, "cp": 1, "tp": 1}
+    assert meta["mesh"] == {"dp": 1, "pp": 1, "ep": 1, "sdp": 8, "cp": 1, "tp": 1}
     assert meta["model"]["preset"] == "tiny"
     assert int(state.step) == 2
     assert_bitwise(host(state), reference.snapshots[2])

@@ -36,5 +36,5 @@ def test_an_indivisible_batch_is_one_error_line_and_status_2():
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(("error", "Traceback"))]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines == ["error: global batch size 10 is not divisible by dp*sdp (8) x "
+    assert lines == ["error: global batch size 10 is not divisible by dp*ep*sdp (8) x "
                      "microbatches (1) = 8; use a multiple of 8"]

@@ -11,13 +11,13 @@ from jaxsmp.mesh import _device_grid
 
 def test_sdp_takes_what_is_left():
     mesh = jaxsmp.Mesh(tp=2)
-    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 4, "cp": 1, "tp": 2}
+    assert mesh.shape == {"dp": 1, "pp": 1, "ep": 1, "sdp": 4, "cp": 1, "tp": 2}
     assert mesh.data_size == 4
 
 
 def test_explicit_degrees():
     mesh = jaxsmp.Mesh(dp=2, sdp=2, tp=2)
-    assert mesh.jax_mesh.shape == {"dp": 2, "pp": 1, "sdp": 2, "cp": 1, "tp": 2}
+    assert mesh.jax_mesh.shape == {"dp": 2, "pp": 1, "ep": 1, "sdp": 2, "cp": 1, "tp": 2}
 
 
 def test_degrees_not_matching_devices_name_everything():
@@ -54,18 +54,22 @@ def test_mesh_uses_all_devices():
 
 def test_cp_sits_between_sdp_and_tp():
     mesh = jaxsmp.Mesh(sdp=2, cp=2, tp=2)
-    assert mesh.shape == {"dp": 1, "pp": 1, "sdp": 2, "cp": 2, "tp": 2}
-    ids = np.vectorize(lambda d: d.id)(mesh.jax_mesh.devices)[0, 0]  # [sdp, cp, tp]
+    assert mesh.shape == {"dp": 1, "pp": 1, "ep": 1, "sdp": 2, "cp": 2, "tp": 2}
+    ids = np.vectorize(lambda d: d.id)(mesh.jax_mesh.devices)[0, 0, 0]  # [sdp, cp, tp]
     assert ids[0].tolist() == [[0, 1], [2, 3]] and ids[1].tolist() == [[4, 5], [6, 7]]
     assert mesh.manual_axes == ("sdp",) and mesh.data_size == 2  # cp: automatic, not data
 
 
-@pytest.mark.parametrize("shape", [dict(ep=2, sdp=4), dict(ep=4, tp=2), dict(ep=8),
-                                   dict(ep=2, pp=2, sdp=2)])
-def test_expert_parallelism_is_refused_until_implemented(shape):
-    with pytest.raises(ValueError, match=f"ep={shape['ep']}: expert parallelism .* is not "
-                                         "implemented yet"):
-        jaxsmp.Mesh(**shape)
+@pytest.mark.parametrize("shape, sdp", [(dict(ep=2, sdp=4), 4), (dict(ep=4, tp=2), 1),
+                                        (dict(ep=8), 1), (dict(ep=2, pp=2, sdp=2), 2)])
+def test_expert_parallelism_reuses_the_data_devices(shape, sdp):
+    """ep is a data axis (the batch is split over dp x ep x sdp) between pp and sdp:
+    ep=2, sdp=4 uses 8 devices."""
+    mesh = jaxsmp.Mesh(**shape)
+    assert mesh.ep == shape["ep"] and mesh.sdp == sdp
+    assert mesh.data_size == shape["ep"] * sdp
+    assert list(mesh.jax_mesh.axis_names) == ["dp", "pp", "ep", "sdp", "cp", "tp"]
+    assert "ep" in mesh.data_axes
 
 
 def test_expert_parallel_degree_one_is_the_plain_mesh():

@@ -8,11 +8,15 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxsmp
 from conftest import assert_causal, assert_gradients_match, sgd_update, single_device_mesh, train
 from jaxsmp.models import count_params, mixtral, preset
-from jaxsmp.nn.moe import MoE, router_stats
+from jaxsmp.nn import LayerContext
+from jaxsmp.nn.layer_context import layer_context
+from jaxsmp.nn.moe import MoE, capacity, router_stats
+from jaxsmp.nn.param import is_var
 
 
 @pytest.mark.parametrize("name", sorted(mixtral.PUBLISHED_PARAMS))
@@ -81,6 +85,44 @@ def test_capacity_factor_drops_the_latest_assignments_and_counts_them():
     assert float(stats["dropped"]) == dropped
 
 
+def _on_expert_devices(moe: MoE, x: np.ndarray, ep: int):
+    """(outputs, dropped per device) of ``moe`` on ``x`` split over ``ep`` devices by
+    rows, as the step runs it: each device routes its own tokens and holds
+    ``experts / ep`` experts (``LayerContext.expert_axis``)."""
+    mesh = jax.make_mesh((ep,), ("ep",), devices=jax.devices()[:ep])
+    graphdef, state = nnx.split(moe)
+    specs = jax.tree.map(lambda v: P("ep") if v[...].ndim == 3 else P(), state,
+                         is_leaf=is_var)
+    state = jax.tree.map(lambda v, spec: v.replace(jax.device_put(
+        v[...], NamedSharding(mesh, spec))), state, specs, is_leaf=is_var)
+
+    def body(state, x):
+        with layer_context(LayerContext(expert_axis="ep")):
+            out, stats = nnx.merge(graphdef, state)(x, router_stats(1, 4, x))
+        return out, stats["dropped"][None]
+    run = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P("ep")),
+                                out_specs=(P("ep"), P("ep"))))
+    out, dropped = run(state, jax.device_put(x, NamedSharding(mesh, P("ep"))))
+    return np.asarray(out), np.asarray(dropped)
+
+
+@pytest.mark.parametrize("ep, capacity_factor", [(2, None), (4, None), (4, 0.5)])
+def test_expert_parallel_dispatch_equals_a_dense_per_token_reference(ep, capacity_factor):
+    """Tokens travel to their experts' devices and back by all-to-all: each device's
+    outputs equal the dense reference on its rows (with a capacity factor, each
+    device's earliest assignments kept, as without ep)."""
+    moe = _moe(capacity_factor)
+    x = np.random.default_rng(11).normal(size=(4, 8, 16)).astype(np.float32)
+    got, dropped = _on_expert_devices(moe, x, ep)
+    rows = len(x) // ep
+    cap = None if capacity_factor is None else capacity(capacity_factor, rows * 8, 2, 4)
+    for i in range(ep):
+        want, _, drops = _dense_reference(moe, x[i * rows:(i + 1) * rows], cap)
+        np.testing.assert_allclose(got[i * rows:(i + 1) * rows], want, atol=1e-5, rtol=1e-5)
+        assert dropped[i] == drops
+    assert (dropped.sum() > 0) == (capacity_factor is not None)
+
+
 def test_router_losses_equal_a_hand_computation():
     cfg = _tiny(router_z_loss_coef=1e-3)
     model = cfg.build(nnx.Rngs(0))
@@ -145,20 +187,32 @@ def test_trains_on_sharded_mesh():
     assert losses[-1] < losses[0] - 0.1, losses
 
 
-@pytest.mark.parametrize("shape, options", [
-    (dict(sdp=4, tp=2), {}), (dict(dp=2, sdp=4), {}), (dict(sdp=4, tp=2), dict(microbatches=2))],
-    ids=["sdp4-tp2", "dp2-sdp4", "sdp4-tp2-microbatches2"])
-def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options):
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("shape, options, experts", [
+    (dict(sdp=4, tp=2), {}, 4), (dict(dp=2, sdp=4), {}, 4),
+    (dict(sdp=4, tp=2), dict(microbatches=2), 4),
+    # expert parallelism: experts split over ep, tokens moved by all-to-all
+    (dict(ep=2, sdp=4), {}, 4),
+    pytest.param(dict(ep=4, tp=2), {}, 4, marks=SLOW),
+    pytest.param(dict(ep=8), {}, 8, marks=SLOW),
+    pytest.param(dict(ep=2, sdp=4), dict(microbatches=2), 4, marks=SLOW),
+], ids=["sdp4-tp2", "dp2-sdp4", "sdp4-tp2-microbatches2", "ep2-sdp4", "ep4-tp2", "ep8",
+        "ep2-sdp4-microbatches2"])
+def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options, experts):
     """SGD at lr 1000, update applied: every parameter's update and grad_norm equal one
-    device's. The load-balancing loss is off: each data shard computes it over its own
-    tokens (as Megatron and MaxText do per micro-batch), which is not the global batch's;
-    the z-loss, a mean over tokens, is on."""
-    cfg = _tiny(router_aux_loss_coef=0.0, router_z_loss_coef=1e-2)
-    tokens = np.random.default_rng(7).integers(0, 256, (8, 16)).astype(np.int32)
+    device's, with the load-balancing loss (over the global batch's statistics) and the
+    z-loss on. With microbatches the load-balancing loss is off: each microbatch's is
+    over its own tokens (as Megatron and MaxText compute it), not the whole batch's."""
+    micro = options.get("microbatches", 1)
+    cfg = _tiny(router_aux_loss_coef=0.0 if micro > 1 else 0.1, router_z_loss_coef=1e-2,
+                num_local_experts=experts)
+    tokens = np.random.default_rng(7).integers(0, 256, (8 * micro, 16)).astype(np.int32)
     want = sgd_update(cfg, single_device_mesh(), tokens, loss=_scalar_metrics_loss)
     got = sgd_update(cfg, jaxsmp.Mesh(**shape), tokens, loss=_scalar_metrics_loss, **options)
     assert_gradients_match(got, want)
-    for key in ("z_loss", "lm_loss", "balance"):
+    for key in ("z_loss", "lm_loss", "balance") + (("aux_loss",) if micro == 1 else ()):
         np.testing.assert_allclose(got[1][key], want[1][key], rtol=1e-5, err_msg=key)
 
 
@@ -171,26 +225,27 @@ def _scalar_metrics_loss(model, batch):
         load.shape))}
 
 
-def test_sharded_load_balancing_loss_is_the_mean_over_data_shards():
-    """What the sharded step's load-balancing loss is: each data device's, over its own
-    tokens, averaged (here one sequence a device), not the global batch's."""
+def test_sharded_load_balancing_loss_is_the_global_batchs():
+    """The sharded step's load-balancing loss is the global batch's (statistics summed
+    over the data devices), not the mean of each device's (here one sequence a device)."""
     cfg = _tiny()
     tokens = np.random.default_rng(8).integers(0, 256, (8, 16)).astype(np.int32)
     state = jaxsmp.init(cfg.build, optax.sgd(1.0), jaxsmp.Mesh(dp=2, sdp=4), seed=0)
     got = float(jaxsmp.eval_step(_scalar_metrics_loss)(state, {"tokens": tokens})["aux_loss"])
     model = nnx.merge(state.graphdef, jax.device_get(state.params))
     aux = jax.jit(lambda t: model.with_router_losses(t)[1]["aux_loss"])
+    np.testing.assert_allclose(got, float(aux(tokens)), rtol=1e-5)
     per_shard = np.mean([float(aux(tokens[i:i + 1])) for i in range(8)])
-    np.testing.assert_allclose(got, per_shard, rtol=1e-5)
-    assert abs(got - float(aux(tokens))) > 1e-4  # the global batch's differs
+    assert abs(got - per_shard) > 1e-4  # what each device's own tokens would give
 
 
 @pytest.mark.parametrize("shape, options, feature", [
     (dict(sdp=4, cp=2), {}, r"context parallelism \(cp > 1\)"),
     (dict(sdp=4, pp=2), {}, r"pipeline parallelism \(pp > 1\)"),
     (dict(sdp=4, pp=2), dict(pipeline="interleaved", microbatches=2), r"pipeline parallelism \(pp > 1\)"),
+    (dict(ep=2, pp=2, sdp=2), dict(microbatches=2), r"pipeline parallelism \(pp > 1\)"),
     (dict(sdp=4, tp=2), dict(sequence_parallel=True), "sequence_parallel"),
-], ids=["cp2", "pp2", "pp2-interleaved", "sequence-parallel"])
+], ids=["cp2", "pp2", "pp2-interleaved", "ep2-pp2", "sequence-parallel"])
 def test_what_cannot_carry_router_statistics_yet_is_refused(shape, options, feature):
     tokens = np.random.default_rng(9).integers(0, 256, (8, 16)).astype(np.int32)
     state = jaxsmp.init(_tiny().build, optax.sgd(0.1), jaxsmp.Mesh(**shape), seed=0)
@@ -204,3 +259,31 @@ def test_fp8_is_refused_for_the_experts():
     state = jaxsmp.init(_tiny().build, optax.sgd(0.1), single_device_mesh(), seed=0)
     with pytest.raises(ValueError, match="precision='fp8' has no float8 grouped GEMM"):
         jaxsmp.step(jaxsmp.losses.causal_lm_loss, precision="fp8")(state, {"tokens": tokens})
+
+
+def test_expert_parallelism_needs_experts_it_divides():
+    """Refused before compiling: ep that does not divide the expert count, ep on a dense
+    model (it would only be data parallelism; the error says what is)."""
+    with pytest.raises(ValueError, match=r"'experts' of size 4 is not divisible by mesh "
+                                         r"axes \('ep',\) \(degree 8\)"):
+        jaxsmp.init(_tiny().build, optax.sgd(0.1), jaxsmp.Mesh(ep=8), seed=0)
+    dense = preset("llama", "tiny", num_hidden_layers=2)
+    with pytest.raises(ValueError, match=r"ep=2 splits a mixture of experts' experts.*a dense "
+                                         r"model has no experts.*sdp=8 or dp=2"):
+        jaxsmp.init(dense.build, optax.sgd(0.1), jaxsmp.Mesh(ep=2, sdp=4), seed=0)
+
+
+@pytest.mark.parametrize("target", [dict(ep=4, tp=2), dict(sdp=8)], ids=["ep4-tp2", "sdp8"])
+def test_checkpoint_saved_with_experts_over_ep_restores_onto_another_ep(target, tmp_path):
+    from jaxsmp.checkpoint import abstract_state
+    cfg, tx = _tiny(), optax.adamw(1e-3)
+    state = jaxsmp.init(cfg.build, tx, jaxsmp.Mesh(ep=2, sdp=4), seed=3)
+    w = state.params["layers"]["layers"]["block_sparse_moe"]["gate_proj"]
+    assert w.get_metadata()["mesh_axes"][1] == "ep"
+    jaxsmp.save(tmp_path, state)
+    mesh = jaxsmp.Mesh(**target)
+    restored = jaxsmp.restore(tmp_path, abstract_state(cfg.build, tx, mesh))
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+        assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want))
+    w = restored.params["layers"]["layers"]["block_sparse_moe"]["gate_proj"]
+    assert ("ep" in str(w[...].sharding.spec)) == (mesh.ep > 1)

@@ -57,3 +57,12 @@ def test_zero3_shards_over_sdp_and_cp_together():
     assert resolve_spec("n", ("norm",), (128,), {**mesh, "sdp": 1}) == P("cp")
     with pytest.raises(ValueError, match=r"no dimension divisible by sdp=2 x cp=2"):
         resolve_spec("b", ("norm",), (6,), mesh)
+
+
+def test_experts_go_to_ep_with_zero3_over_sdp_inside_and_the_router_is_replicated():
+    mesh = {"dp": 1, "pp": 1, "ep": 2, "sdp": 4, "tp": 2}
+    experts = ("layers", "experts", "embed", "mlp")
+    assert resolve_spec("w", experts, (2, 4, 128, 256), mesh) == P(None, "ep", "sdp", "tp")
+    assert resolve_spec("g", ("embed", "router"), (128, 4), mesh) == P("sdp", None)
+    with pytest.raises(ValueError, match=r"'experts' of size 4 is not divisible.*\('ep',\)"):
+        resolve_spec("w", experts, (2, 4, 128, 256), {**mesh, "ep": 8})
