@@ -23,12 +23,17 @@ Assumptions and sources
 Hardware (``hardware.py``): dense bf16 peaks, HBM sizes and bandwidths from NVIDIA's A100,
 H100 and H200 data sheets; NVLink 600 / 900 GB/s per GPU (300 / 450 each way); AWS's
 p4d/p4de (4 x 100 Gbps EFA) and p5/p5e (3200 Gbps EFA) pages. Collectives reach 80% of
-line rate (NCCL bus bandwidth), with the alpha terms of ``collectives.CostModel.p4d``.
+line rate (NCCL bus bandwidth), a host's network shared by its GPUs, and are priced per
+algorithm step by step (``collectives.CostModel``: NCCL's ring pays ``p - h`` NVLink hops
+and ``h - 1`` network hops of latency, its tree ``log2 h``) with NCCL's own per-step
+latencies (its tuning model's Simple protocol: 3.4 us an NVLink hop, 14 us a network
+hop).
 Matmuls reach the "maximum achievable matmul FLOPS" measured by S. Bekman (ML
 Engineering: A100 85.9%, H100 80.1%) or their bytes at HBM bandwidth, whichever is
 slower; FlashAttention's forward + backward reaches 55% of peak on A100 (Dao 2023,
 FlashAttention-2) and 34% on H100 (Shah et al. 2024, FlashAttention-3's FA2 baseline),
-executing half the causal FLOPs, with a backward of 2.5 forwards.
+executing half the causal FLOPs, with a backward of 2.5 forwards (cuDNN's 5 matmuls) or,
+where the step runs pallas_kernels' FlashAttention (ALiBi: Bloom), 3.5 (its 7).
 
 Memory (``memory.py``): float32 master parameters (4 B), AdamW state (8 B) and float32
 gradients per local parameter; a layer's saved activations are the residuals JAX's
@@ -54,7 +59,7 @@ pre-flight compiles and compares. ``PLAIN_GSPMD`` is a plain GSPMD step
 gather and compute whole layers).
 
 Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
-memory-bound work, backward = 2 x matmuls + 2.5 x attention + 3 x the forward's
+memory-bound work, backward = 2 x matmuls + 2.5 (Pallas: 3.5) x attention + 3 x the forward's
 memory-bound work + the gathered weights' traffic; recomputation adds a forward
 (``full``) or attention and memory-bound work (``save_matmuls``, ``offload``), and
 jaxsmp's 1F1B recomputes each stage. Matmuls run at the achievable fraction above times

@@ -10,6 +10,11 @@ call. A kernel is
   achievable matmul rate, or its operand and result bytes at HBM bandwidth if slower;
 - fused attention (cuDNN ``__cudnn$fmha*``): its score-matrix FLOPs (4 x scores x head
   dim forward, half of them causal; the backward 2.5 x) at the attention rate;
+- Pallas FlashAttention (``pallas_kernels``' Triton kernels, ``__gpu$xla.gpu.triton``
+  named ``flash_attention_forward``, ``_dq`` and ``_dkv``, which GPUs run where cuDNN
+  refuses the inputs, e.g. Bloom's ALiBi): the matmuls each runs, 2, 3 and 4 of
+  ``2 x b x heads x s_q x s_k x head dim`` FLOPs, at the attention rate, half of them as
+  causal (the kernels skip the blocks above the diagonal; jaxsmp's models are causal);
 - anything else (elementwise and reduction fusions, copies, slices): its bytes at HBM
   bandwidth. Operands a fusion only slices count at the slice's size, an in-place
   ``dynamic-update-slice`` at its update's.
@@ -34,6 +39,11 @@ from jaxsmp.metrics.hlo import ARRAY, callees, computations, first_replica_group
 from jaxsmp.plan.gpu_target import FP8_GEMM
 
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
+TRITON = "__gpu$xla.gpu.triton"
+# pallas_kernels' FlashAttention kernels: score-sized matmuls each runs (forward: QK^T,
+# PV; dq: QK^T, dO V^T, dS K; dkv: QK^T, dO V^T, P^T dO, dS^T Q)
+PALLAS_ATTENTION = {"flash_attention_forward": 2, "flash_attention_dq": 3,
+                    "flash_attention_dkv": 4}
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
          "all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done",
@@ -240,14 +250,16 @@ class _Coster:
         """A GEMM or fused attention kernel."""
         target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
         target = target.group(1) if target else ""
-        return target.startswith("__cudnn$fmha") or bool(self.matmul_flops(comp, i, target))
+        return (target.startswith("__cudnn$fmha") or bool(self.pallas_flops(comp, i, target))
+                or bool(self.matmul_flops(comp, i, target)))
 
     def kernel(self, comp: str, i: Instr, total: KernelTime) -> None:
         total.launch += LAUNCH_SECONDS
         target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
         target = target.group(1) if target else ""
-        if target.startswith("__cudnn$fmha"):
-            flops = self.attention_flops(i, target)
+        flops = (self.attention_flops(i, target) if target.startswith("__cudnn$fmha")
+                 else self.pallas_flops(comp, i, target))
+        if flops:
             total.attention += flops / self.rates.attention_flops
             total.attention_flops += flops
             return
@@ -273,6 +285,20 @@ class _Coster:
         if "CAUSAL" in str(config.get("mask_type", "")):
             flops /= 2
         return flops * (2.5 if "Backward" in target else 1.0)
+
+    def pallas_flops(self, comp: str, i: Instr, target: str) -> float:
+        """FLOPs of a Pallas FlashAttention kernel (0 for any other kernel): q (operand 0,
+        [b, s, heads, d], or [b, s, kv heads, groups, d] for dkv) against k (operand 1,
+        [b, s_k, kv heads, d]), causal."""
+        if target != TRITON:
+            return 0.0
+        names = re.findall(r'\bname = "([^"]*)"', i.attrs)
+        matmuls = PALLAS_ATTENTION.get(names[-1] if names else "", 0)
+        if not matmuls:
+            return 0.0
+        q = _dims(self.shapes[comp].get(i.operands[0], ""))
+        k = _dims(self.shapes[comp].get(i.operands[1], ""))
+        return matmuls * 2.0 * math.prod(q) * k[1] / 2
 
     def matmul_flops(self, comp: str, i: Instr, target: str) -> float:
         if target.startswith("__cublas"):

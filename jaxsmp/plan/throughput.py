@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
-from jaxsmp.plan.calibration import ATTENTION_BACKWARD, FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.comm import (
     all_reduce_seconds,
@@ -92,7 +92,7 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     weights = _weights(w, c, cluster, split) * w.memory_scale.weights
     forward = matmul + attention + elementwise
-    backward = (2 * matmul + ATTENTION_BACKWARD * attention
+    backward = (2 * matmul + w.attention_backward * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
     recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":

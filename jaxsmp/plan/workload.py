@@ -27,7 +27,7 @@ from jaxsmp.nn.layer_context import LayerContext, layer_context, plain_scan
 from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
-from jaxsmp.plan.calibration import MemoryScale, memory_scale
+from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scale
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 
@@ -36,6 +36,11 @@ from jaxsmp.train.precision import precision_policy
 _TRACE_BATCH, _TRACE_SEQ = 1, 13
 # The axes ZeRO-3 shards parameters over and the step gathers them from (sharding.rules).
 _ZERO = ("sdp", "cp")
+
+
+# families whose attention adds ALiBi slopes (jaxsmp/models/bloom.py)
+ALIBI_FAMILIES = frozenset({"bloom"})
+PALLAS_ATTENTION_BACKWARD = 3.5
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,24 @@ class Workload:
     def memory_scale(self) -> MemoryScale:
         """Compiled over analytic memory-bound time of this family (calibration)."""
         return memory_scale(self.family)
+
+    @property
+    def attention_kernel(self) -> str:
+        """The attention kernel the step runs on GPUs: ``pallas`` (pallas_kernels'
+        FlashAttention) for a family whose attention adds ALiBi slopes, which cuDNN
+        refuses (:data:`ALIBI_FAMILIES`), or when the config asks for it; else ``cudnn``."""
+        impl = getattr(self.config, "attention_impl", "auto")
+        if impl == "auto":
+            return "pallas" if self.family in ALIBI_FAMILIES else "cudnn"
+        return "pallas" if impl == "pallas" else "cudnn"
+
+    @property
+    def attention_backward(self) -> float:
+        """The attention backward's FLOPs over its forward's, in the kernel it runs:
+        cuDNN's 5 score-sized matmuls to the forward's 2, or the Pallas kernels' 7 (dq
+        recomputes the scores for itself: 3; dk, dv: 4)."""
+        return PALLAS_ATTENTION_BACKWARD if self.attention_kernel == "pallas" \
+            else ATTENTION_BACKWARD
 
     @property
     def tied(self) -> bool:

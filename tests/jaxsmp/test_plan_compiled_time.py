@@ -1,5 +1,9 @@
 """The compiled step's time (roofline over XLA:GPU's program) against the analytic model
-the search uses, on a shape the calibration did not compile."""
+the search uses, on shapes the calibration did not compile (it compiles 2048-token
+sequences at 4 and 8 layers; these are 4096 tokens at 6 layers), one per family: Llama
+and GPT-NeoX run cuDNN's attention, Bloom's ALiBi pallas_kernels' FlashAttention."""
+import functools
+
 import pytest
 
 from conftest import require_gpu_compiler
@@ -13,11 +17,16 @@ from jaxsmp.plan.compiled_time import compiled_time  # noqa: E402
 from jaxsmp.plan.gpu_preflight import _topology  # noqa: E402
 from jaxsmp.plan.throughput import memory_bound  # noqa: E402
 
+# family: (preset, its layer-count field); 6 layers, sdp=8 on 8 A100-80GB, 2 x 4096
+# tokens per GPU
+SHAPES = {"llama": ("7b", "num_hidden_layers"), "gpt_neox": ("2.7b", "num_hidden_layers"),
+          "bloom": ("7b1", "n_layer")}
 
-def _compiled():
-    # Llama 2 7b's width, 6 layers, sdp=8 on 8 A100-80GB, 2 x 4096 tokens per GPU: not a
-    # shape the calibration compiled (2048 tokens, 4 and 8 layers)
-    config = jaxsmp.models.preset("llama", "7b", num_hidden_layers=6)
+
+@functools.cache
+def _compiled(family: str):
+    name, layers = SHAPES[family]
+    config = jaxsmp.models.preset(family, name, **{layers: 6})
     c = Candidate(1, 8, 1, 1, 1, 2, "full", "bf16")
     target = cluster("p4de.24xlarge", 1)
     compiled = compile_candidate(config, c, 4096, _topology("A100-80GB", 8))
@@ -26,25 +35,29 @@ def _compiled():
 
 
 @pytest.mark.slow
-def test_the_analytic_compute_time_is_within_15_percent_of_the_compiled_programs():
-    w, c, target, timed = _compiled()
+@pytest.mark.parametrize("family", list(SHAPES))
+def test_the_analytic_compute_time_is_within_10_percent_of_the_compiled_programs(family):
+    # 2026-11-26: llama +1.5%, gpt_neox +2.2%, bloom +2.4% (Bloom's Pallas attention
+    # priced by its FLOPs in both)
+    w, c, target, timed = _compiled(family)
     tokens = c.global_batch * 4096 / 8
     matmuls = 6 * (w.layers * w.layer_matmul_params + w.hidden * w.vocab) * tokens
     # every loop body counted per trip: the forward is recomputed (but not its last matmuls)
     assert matmuls < timed.kernels.matmul_flops < matmuls * 4 / 3
+    assert timed.kernels.attention_flops > 0     # cuDNN's or Pallas' attention, not memory
     step = estimate_time(w, c, target)
-    assert step.compute + step.optimizer == pytest.approx(timed.kernels.compute, rel=0.15)
+    assert step.compute + step.optimizer == pytest.approx(timed.kernels.compute, rel=0.10)
     assert "analytic model" in timed.summary(step)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "the memory scales were fitted before hlo_cost stopped pricing reduce-scatter-done as "
-    "a memory kernel and before the leaner step: analytic 0.091 s against the compiled "
-    "0.056 s; refitting them (python -m jaxsmp.plan.calibrate) made the held-out "
-    "published runs worse, so it waits for the planner's recalibration"))
+    "the memory scales (python -m jaxsmp.plan.calibrate, rerun 2026-11-26) come from "
+    "2048-token sequences; at 4096 the compiled program's memory-bound kernels grow "
+    "faster than the model's: analytic 0.042 s against the compiled 0.056 s (-25%); "
+    "GPT-NeoX -27%, Bloom -15% (the compute as a whole is within 2.4%)"))
 def test_the_calibrated_memory_bound_time_is_within_20_percent_of_the_compiled_programs():
-    w, c, target, timed = _compiled()
+    w, c, target, timed = _compiled("llama")
     scale, parts = w.memory_scale, memory_bound(w, c, target)
     analytic = scale.layer * parts[0] + scale.weights * parts[1] + scale.outside * parts[2]
     assert analytic == pytest.approx(timed.kernels.memory + timed.kernels.launch, rel=0.2)

@@ -76,6 +76,38 @@ def test_fused_attention_counts_its_causal_score_flops_and_a_costlier_backward()
     assert k.attention == pytest.approx(3.5 * forward / 5e11) and k.matmul_flops == 0
 
 
+def _triton(name: str, operands: str) -> str:
+    # as XLA:GPU prints a Pallas kernel (the Triton IR elided; it holds quotes and braces)
+    return (f'custom-call({operands}), custom_call_target="__gpu$xla.gpu.triton", '
+            f'metadata={{op_name="jit(loss)/{name}/pallas_call"}}, backend_config={{debug = '
+            f'false, grid_x = 2 : i32, grid_y = 16 : i32, grid_z = 8 : i32, ir = "ML\\EFR'
+            f'\\00{{x}}\\22name\\22", name = "{name}", num_stages = 2 : i32, '
+            f'num_warps = 4 : i32}}')
+
+
+def test_pallas_flash_attention_counts_the_matmuls_each_kernel_runs():
+    """Bloom's ALiBi runs pallas_kernels' Triton FlashAttention: the forward's 2
+    score-sized matmuls, dq's 3 and dkv's 4 (q split per kv head), causal."""
+    q, q5 = "bf16[2,1024,16,64]{3,2,1,0}", "bf16[2,1024,4,4,64]{4,3,2,1,0}"
+    kv, lse = "bf16[2,1024,4,64]{3,2,1,0}", "f32[2,16,1024]{2,1,0}"
+    text = f"""ENTRY %main (q: {q}, q5: {q5}, k: {kv}) -> {q} {{
+  %q = {q} parameter(0)
+  %q5 = {q5} parameter(1)
+  %k = {kv} parameter(2)
+  %f = ({q}, {lse}) {_triton("flash_attention_forward", "%q, %k, %k")}
+  %dq = {q} {_triton("flash_attention_dq", "%q, %k, %k, %q")}
+  %dkv = ({kv}, {kv}) {_triton("flash_attention_dkv", "%q5, %k, %k, %q5")}
+  %other = {q} {_triton("some_other_kernel", "%q, %k")}
+  ROOT %o = {q} get-tuple-element(%f), index=0
+}}"""
+    k = estimate(text, RATES)
+    forward = 4 * 2 * 16 * 1024 * 1024 * 64 / 2
+    assert k.attention_flops == pytest.approx(4.5 * forward)     # 1 + 1.5 + 2
+    assert k.attention == pytest.approx(4.5 * forward / 5e11)
+    assert k.matmul_flops == 0 and k.memory_bytes == 2 * 16 * 1024 * 64 * 2 * 2 + 2 * 4 * \
+        1024 * 64 * 2   # the unknown kernel: its operand and result bytes
+
+
 def test_collectives_are_listed_with_their_group_shape():
     text = """ENTRY %main (a: bf16[512,4096]) -> bf16[4096,4096] {
   %a = bf16[512,4096]{1,0} parameter(0)

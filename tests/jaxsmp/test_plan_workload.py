@@ -79,3 +79,14 @@ def test_every_family_is_traced_through_its_own_layer():
 def test_unknown_remat_policies_are_rejected():
     with pytest.raises(ValueError, match="unknown remat policy 'some'"):
         Workload(NEOX, 64).activations("some", "bf16")
+
+
+def test_the_attention_backward_is_priced_in_the_kernel_the_family_runs():
+    """Bloom's ALiBi runs pallas_kernels' FlashAttention on GPUs (cuDNN refuses ALiBi):
+    7 score-sized matmuls in its backward to cuDNN's 5."""
+    bloom = Workload(jaxsmp.models.preset("bloom", "tiny"), 128)
+    llama = Workload(jaxsmp.models.preset("llama", "tiny"), 128)
+    assert (bloom.attention_kernel, bloom.attention_backward) == ("pallas", 3.5)
+    assert (llama.attention_kernel, llama.attention_backward) == ("cudnn", 2.5)
+    forced = Workload(jaxsmp.models.preset("llama", "tiny", attention_impl="pallas"), 128)
+    assert forced.attention_backward == 3.5
