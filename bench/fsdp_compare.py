@@ -9,7 +9,9 @@ compiled deviceless by XLA:GPU for 8 x H100 on this host, read from the programs
 Contenders: ``jaxsmp`` (the step as configured by default, ``reduce_dtype`` from
 ``--reduce-dtype``), ``jaxsmp-prefetch`` (its own prefetch forced on), ``jaxsmp-fp32``
 (float32 gradient reduction), ``gspmd`` (``bench/gspmd_fsdp.py``: weights cast per
-layer inside the scan) and ``gspmd-stack`` (the stack cast to bf16 before the scan).
+layer inside the scan), ``gspmd-stack`` (the stack cast to bf16 before the scan) and
+``gspmd-weights`` (every weight constrained whole inside the layer and the head: the
+weights gathered rather than the layer activations, ZeRO-3's algorithm, as jaxsmp's).
 The XLA flags jaxsmp sets on GPUs (``jaxsmp.xla_flags``) are set for every contender
 (``--no-flags``: none). One sequence per GPU, bf16, cuDNN attention, AdamW.
 
@@ -58,7 +60,8 @@ import gspmd_fsdp  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 # (family, preset, overrides, sequence): Llama-2-7B and GPT-NeoX-20B widths
 WORKS = {"llama7b": ("llama", "7b", {}, 4096), "neox20b": ("gpt_neox", "20b", {}, 2048)}
-CONTENDERS = ("jaxsmp", "jaxsmp-prefetch", "jaxsmp-fp32", "gspmd", "gspmd-stack")
+CONTENDERS = ("jaxsmp", "jaxsmp-prefetch", "jaxsmp-fp32", "gspmd", "gspmd-stack",
+              "gspmd-weights")
 
 
 def _config(work: str, layers: int, seq: int | None = None):
@@ -97,7 +100,9 @@ def compile_contender(contender: str, work: str, mesh: str, remat: str, layers: 
     shape = {"fsdp": degrees.get("sdp", 1), "tp": degrees.get("tp", 1)}
     with gpu_target.compiling_for("H100-SXM"):
         return gspmd_fsdp.compile_step(devices, shape, _width(config), seq, batch, remat,
-                                       cast="stack" if contender == "gspmd-stack" else "layer")
+                                       cast="stack" if contender == "gspmd-stack" else "layer",
+                                       gather="weights" if contender == "gspmd-weights"
+                                       else "auto")
 
 
 def analyse(compiled) -> dict:

@@ -11,7 +11,13 @@ every layer boundary; bf16 compute, ``jax.nn.dot_product_attention(implementatio
 
 Variants (``cast``): ``layer`` casts each layer's weights to bf16 inside the loop (the
 plain way), ``stack`` casts the whole stack of shards to bf16 before the loop, so the
-all-gathers move bf16 whatever XLA makes of the converts.
+all-gathers move bf16 whatever XLA makes of the converts. (``gather``): ``auto`` leaves
+to GSPMD how each GEMM meets its split weight: where the activations are smaller than
+the weight (GPT-NeoX-20B's MLP and vocabulary head at 16k tokens) it keeps the weight
+split and all-gathers the activations over the batch instead, reduce-scattering the
+GEMM's partial output (Megatron's tensor parallelism run over ``fsdp``); ``weights``
+constrains every bf16 weight whole inside the (rematerialized) layer and the head, so
+each is all-gathered and its gradient reduce-scattered: ZeRO-3, what jaxsmp's step does.
 """
 from __future__ import annotations
 
@@ -85,7 +91,12 @@ def _rotary(x, cos, sin):
     return (x * cos + jnp.concatenate([-x2, x1], -1) * sin).astype(x.dtype)
 
 
-def _layer(w: Width, batch_spec: P):
+def _whole(spec: P) -> P:
+    """``spec`` of one weight (no stack dimension) with ``fsdp`` dropped: gathered."""
+    return P(*[None if a == "fsdp" else a for a in spec])
+
+
+def _layer(w: Width, batch_spec: P, whole: dict | None = None):
     def attention(x, p, cos, sin):
         b, s, d = x.shape
         hd = d // w.heads
@@ -95,6 +106,8 @@ def _layer(w: Width, batch_spec: P):
         return a.reshape(b, s, d) @ p["wo"]
 
     def layer(h, p, cos, sin):
+        if whole is not None:   # gather="weights": each weight gathered here, in remat
+            p = {k: jax.lax.with_sharding_constraint(v, whole[k]) for k, v in p.items()}
         if w.kind == "gelu":   # GPT-NeoX: h + attn(ln1(h)) + mlp(ln2(h))
             mlp = jax.nn.gelu(_rms(h, p["mlp_norm"]) @ p["w_up"]) @ p["w_down"]
             h = h + attention(_rms(h, p["attn_norm"]), p, cos, sin) + mlp
@@ -106,7 +119,8 @@ def _layer(w: Width, batch_spec: P):
     return layer
 
 
-def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P):
+def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P,
+            gather: str = "auto", tp: bool = False):
     bf16 = lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t)
     s = tokens.shape[1]
     hd = w.d // w.heads
@@ -115,7 +129,10 @@ def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P):
     cos, sin = jnp.asarray(np.cos(angle), jnp.bfloat16), jnp.asarray(np.sin(angle), jnp.bfloat16)
     h = jax.lax.with_sharding_constraint(
         params["embed"][tokens].astype(jnp.bfloat16), batch_spec)
-    layer = _layer(w, batch_spec)
+    whole = None
+    if gather == "weights":
+        whole = {k: _whole(P(*v[1:])) for k, v in specs(w, tp)["layers"].items()}
+    layer = _layer(w, batch_spec, whole)
     if REMAT[remat] is not None:
         layer = jax.checkpoint(layer, policy=REMAT[remat], prevent_cse=False)
     stack = bf16(params["layers"]) if cast == "stack" else params["layers"]
@@ -123,7 +140,10 @@ def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P):
     def body(h, p):
         return layer(h, bf16(p), cos, sin), None
     h, _ = jax.lax.scan(body, h, stack)
-    logits = (_rms(h, params["final_norm"]) @ params["lm_head"].astype(jnp.bfloat16))
+    head = params["lm_head"].astype(jnp.bfloat16)
+    if gather == "weights":
+        head = jax.lax.with_sharding_constraint(head, _whole(specs(w, tp)["lm_head"]))
+    logits = _rms(h, params["final_norm"]) @ head
     logits = logits[:, :-1].astype(jnp.float32)
     labels = tokens[:, 1:]
     logz = jax.nn.logsumexp(logits, -1)
@@ -132,9 +152,11 @@ def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P):
 
 
 def compile_step(devices, mesh_shape: dict, w: Width, seq: int, batch: int,
-                 remat: str = "full", cast: str = "layer"):
+                 remat: str = "full", cast: str = "layer", gather: str = "auto"):
     """The step compiled for ``devices`` (XLA:GPU topology devices) on a mesh
     ``{"fsdp": n, "tp": m}``, from abstract parameters and optimizer state."""
+    if gather not in ("auto", "weights"):
+        raise ValueError(f"gather={gather!r}: expected 'auto' or 'weights'")
     tp = mesh_shape.get("tp", 1) > 1
     mesh = jax.sharding.Mesh(np.asarray(devices).reshape(mesh_shape["fsdp"],
                                                          mesh_shape.get("tp", 1)),
@@ -151,7 +173,8 @@ def compile_step(devices, mesh_shape: dict, w: Width, seq: int, batch: int,
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
     def step(params, opt_state, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, w, remat, cast, batch_spec)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, w, remat, cast, batch_spec,
+                                                   gather, tp)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
