@@ -24,15 +24,15 @@ def is_stacked(variable: nnx.Variable) -> bool:
     return variable.get_metadata().get("out_sharding", (None,))[:1] == ("layers",)
 
 
-def require_one_array(h: Any, feature: str) -> None:
+def require_one_array(h: Any, feature: str, instead: str = "") -> None:
     """A ValueError naming ``feature`` unless a Stack's carry ``h`` is one array (the
     hidden state): a mixture of experts also carries its router statistics, which
-    ``feature`` cannot move yet."""
+    ``feature`` cannot move yet. ``instead``: what to use instead, added to the message."""
     if not isinstance(h, jax.Array):
         raise ValueError(
             f"{feature} runs stacked layers whose carry is one hidden-state array; this "
             f"model's layers carry more (a mixture of experts' router statistics), which "
-            f"{feature} does not support yet")
+            f"{feature} does not support yet{'; ' + instead if instead else ''}")
 
 
 class Stack(nnx.Module):
@@ -70,7 +70,6 @@ class Stack(nnx.Module):
 
         if ctx.run_stages is None:
             return run(x, params, args)
-        require_one_array(x, "pipeline parallelism (pp > 1)")
         # the schedule's ticks reuse the stage's layers: fp8 amax observations (the
         # histories' cotangents) combine by maximum over them, not by sum
         return ctx.run_stages(lambda h, p, a, *active: run(h, plain_float(p), a, *active), x,

@@ -83,24 +83,42 @@ class StageRunner:
         microbatches that came back from the last stage before they are due)."""
         p, size = self.stages, self.group
         chunk, microbatch = self.item(jnp.minimum(t, self.microbatches * self.chunks - 1))
+        fresh = jax.tree.map(lambda a: a[microbatch], xs)
         if self.chunks == 1:
-            return xs[microbatch], ring
+            return fresh, ring
         back = state
         if size > p:  # it came round ``size - p`` ticks early: a shift register
-            back, ring = ring[0], jnp.concatenate([ring[1:], state[None]])
-        return jnp.where(chunk == 0, xs[microbatch], back), ring
+            back = jax.tree.map(lambda r: r[0], ring)
+            ring = jax.tree.map(lambda r, s: jnp.concatenate([r[1:], s[None]]), ring, state)
+        return jax.tree.map(lambda f, b: jnp.where(chunk == 0, f, b), fresh, back), ring
 
-    def __call__(self, run: RunLayers, x: jax.Array, params: Any,
-                 args: Sequence[Any]) -> jax.Array:
+    def _microbatches(self, x: Any, axes: frozenset) -> Any:
+        """The stack input split into microbatches: the hidden state by rows; with a
+        carry ``(hidden, statistics)`` the statistics go with microbatch 0, zeros with
+        the others (their sum over the microbatches is the stack's)."""
+        m = self.microbatches
+        h, stats = (x, None) if isinstance(x, jax.Array) else x
+        # cast in float32: its transpose is a psum over pp (bf16 all-reduces abort XLA:CPU)
+        hs = vary(split_microbatches(h.astype(jnp.float32), m), axes).astype(h.dtype)
+        if stats is None:
+            return hs
+        first = jax.tree.map(lambda s: jnp.concatenate(
+            [s[None], jnp.zeros((m - 1, *jnp.shape(s)), s.dtype)]), stats)
+        return hs, jax.tree.map(lambda s: vary(s, axes), first)
+
+    def __call__(self, run: RunLayers, x: Any, params: Any, args: Sequence[Any]) -> Any:
+        """The stack's output for its input ``x``: the hidden state, or a carry
+        ``(hidden, statistics)`` whose statistics each layer adds to (a mixture of
+        experts' router statistics): they travel with their microbatch and are summed
+        over the microbatches."""
         p, m, v = self.stages, self.microbatches, self.chunks
-        b = x.shape[0]
+        b = jax.tree.leaves(x)[0].shape[0]
         if b % m:
             raise ValueError(f"local batch {b} is not divisible by microbatches={m}")
         stage = lax.axis_index(self.axis)
         axes = frozenset({self.axis}).union(
-            varying(x), *(varying(a) for a in jax.tree.leaves((params, args))))
-        # cast in float32: its transpose is a psum over pp (bf16 all-reduces abort XLA:CPU)
-        xs = vary(split_microbatches(x.astype(jnp.float32), m), axes).astype(x.dtype)
+            *(varying(a) for a in jax.tree.leaves((x, params, args))))
+        xs = self._microbatches(x, axes)
         margs, per_example = split_args(args, b, m)
         perm = [(i, (i + 1) % p) for i in range(p if v > 1 else p - 1)]
         size = jax.tree.leaves(params)[0].shape[0] // v
@@ -109,20 +127,22 @@ class StageRunner:
             state, ring = carry
             fresh, ring = self._fresh(xs, t, state, ring)
             chunk, microbatch = self.item(jnp.clip(t - stage, 0, m * v - 1))
-            inp = jnp.where(stage == 0, fresh, state)
+            inp = jax.tree.map(lambda f, s: jnp.where(stage == 0, f, s), fresh, state)
             margs_t = pick(margs, per_example, microbatch)
             active = self._active(stage, chunk)
             out = (run(inp, params, margs_t, *active) if v == 1 else
                    run_chunk(run, params, chunk, size, inp, margs_t, active))
-            out = vary(out, axes)
+            out = jax.tree.map(lambda o: vary(o, axes), out)
             return (lax.ppermute(out, self.axis, perm), ring), out
 
-        zeros = vary(jnp.zeros_like(xs[0]), axes)
-        ring = (vary(jnp.zeros_like(xs[:self.group - p]), axes) if self.group > p and v > 1
-                else jnp.zeros((0,), x.dtype))
+        zeros = jax.tree.map(lambda a: vary(jnp.zeros_like(a[0]), axes), xs)
+        ring = (jax.tree.map(lambda a: vary(jnp.zeros_like(a[:self.group - p]), axes), xs)
+                if self.group > p and v > 1 else jnp.zeros((0,), jnp.float32))
         _, outs = lax.scan(tick, (zeros, ring), jnp.arange(self.ticks))
         ticks = self._last_chunk_ticks()
         contiguous = np.array_equal(ticks, np.arange(ticks[0], ticks[0] + m))
-        last = from_stage(outs[ticks[0]:] if contiguous else outs[ticks], stage, p - 1,
-                          self.axis)
-        return last.reshape(x.shape)
+        last = from_stage(jax.tree.map(lambda o: o[ticks[0]:] if contiguous else o[ticks],
+                                       outs), stage, p - 1, self.axis)
+        if isinstance(x, jax.Array):
+            return last.reshape(x.shape)
+        return last[0].reshape(x[0].shape), jax.tree.map(lambda s: s.sum(0), last[1])

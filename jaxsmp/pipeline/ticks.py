@@ -14,11 +14,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxsmp.nn.stack import require_one_array
+
 
 class RecordStack:
     """Stack hook recording the layer function, input, parameters and arguments."""
 
     def __call__(self, run, x, params, args):
+        require_one_array(x, "1F1B (pipeline='interleaved')",  # its ticks and their costing
+                          "use pipeline='simple' or 'virtual'")
         self.run, self.x, self.params, self.args = run, x, params, args
         return x
 

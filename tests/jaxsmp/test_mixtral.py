@@ -25,7 +25,8 @@ def test_preset_parameter_counts_match_published(name):
 
 
 def _tiny(**kw):
-    return preset("mixtral", "tiny", num_hidden_layers=2, attention_impl="reference", **kw)
+    return preset("mixtral", "tiny", **{"num_hidden_layers": 2, "attention_impl": "reference",
+                                        **kw})
 
 
 def test_forward_is_causal():
@@ -190,29 +191,35 @@ def test_trains_on_sharded_mesh():
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("shape, options, experts", [
-    (dict(sdp=4, tp=2), {}, 4), (dict(dp=2, sdp=4), {}, 4),
-    (dict(sdp=4, tp=2), dict(microbatches=2), 4),
+@pytest.mark.parametrize("shape, options, model", [
+    (dict(sdp=4, tp=2), {}, {}), (dict(dp=2, sdp=4), {}, {}),
+    (dict(sdp=4, tp=2), dict(microbatches=2), {}),
     # expert parallelism: experts split over ep, tokens moved by all-to-all
-    (dict(ep=2, sdp=4), {}, 4),
-    pytest.param(dict(ep=4, tp=2), {}, 4, marks=SLOW),
-    pytest.param(dict(ep=8), {}, 8, marks=SLOW),
-    pytest.param(dict(ep=2, sdp=4), dict(microbatches=2), 4, marks=SLOW),
+    (dict(ep=2, sdp=4), {}, {}),
+    pytest.param(dict(ep=4, tp=2), {}, {}, marks=SLOW),
+    pytest.param(dict(ep=8), {}, dict(num_local_experts=8), marks=SLOW),
+    pytest.param(dict(ep=2, sdp=4), dict(microbatches=2), {}, marks=SLOW),
+    # pipelines (GPipe, circular): the router statistics travel with their microbatch
+    pytest.param(dict(ep=2, pp=2, sdp=2), dict(microbatches=2), {}, marks=SLOW),
+    pytest.param(dict(pp=2, sdp=4), dict(microbatches=2, pipeline="virtual"),
+                 dict(num_hidden_layers=4), marks=SLOW),
 ], ids=["sdp4-tp2", "dp2-sdp4", "sdp4-tp2-microbatches2", "ep2-sdp4", "ep4-tp2", "ep8",
-        "ep2-sdp4-microbatches2"])
-def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options, experts):
+        "ep2-sdp4-microbatches2", "ep2-pp2-sdp2-simple", "pp2-sdp4-virtual"])
+def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options, model):
     """SGD at lr 1000, update applied: every parameter's update and grad_norm equal one
     device's, with the load-balancing loss (over the global batch's statistics) and the
-    z-loss on. With microbatches the load-balancing loss is off: each microbatch's is
-    over its own tokens (as Megatron and MaxText compute it), not the whole batch's."""
+    z-loss on. With microbatches outside a pipeline the load-balancing loss is off: each
+    microbatch's is over its own tokens (as Megatron and MaxText compute it), not the
+    whole batch's; a pipeline sums the microbatches' statistics."""
     micro = options.get("microbatches", 1)
-    cfg = _tiny(router_aux_loss_coef=0.0 if micro > 1 else 0.1, router_z_loss_coef=1e-2,
-                num_local_experts=experts)
+    per_microbatch = micro > 1 and shape.get("pp", 1) == 1
+    cfg = _tiny(router_aux_loss_coef=0.0 if per_microbatch else 0.1, router_z_loss_coef=1e-2,
+                **model)
     tokens = np.random.default_rng(7).integers(0, 256, (8 * micro, 16)).astype(np.int32)
     want = sgd_update(cfg, single_device_mesh(), tokens, loss=_scalar_metrics_loss)
     got = sgd_update(cfg, jaxsmp.Mesh(**shape), tokens, loss=_scalar_metrics_loss, **options)
     assert_gradients_match(got, want)
-    for key in ("z_loss", "lm_loss", "balance") + (("aux_loss",) if micro == 1 else ()):
+    for key in ("z_loss", "lm_loss", "balance") + (() if per_microbatch else ("aux_loss",)):
         np.testing.assert_allclose(got[1][key], want[1][key], rtol=1e-5, err_msg=key)
 
 
@@ -241,11 +248,10 @@ def test_sharded_load_balancing_loss_is_the_global_batchs():
 
 @pytest.mark.parametrize("shape, options, feature", [
     (dict(sdp=4, cp=2), {}, r"context parallelism \(cp > 1\)"),
-    (dict(sdp=4, pp=2), {}, r"pipeline parallelism \(pp > 1\)"),
-    (dict(sdp=4, pp=2), dict(pipeline="interleaved", microbatches=2), r"pipeline parallelism \(pp > 1\)"),
-    (dict(ep=2, pp=2, sdp=2), dict(microbatches=2), r"pipeline parallelism \(pp > 1\)"),
+    (dict(ep=2, pp=2, sdp=2), dict(pipeline="interleaved", microbatches=2),
+     r"1F1B \(pipeline='interleaved'\)"),
     (dict(sdp=4, tp=2), dict(sequence_parallel=True), "sequence_parallel"),
-], ids=["cp2", "pp2", "pp2-interleaved", "ep2-pp2", "sequence-parallel"])
+], ids=["cp2", "ep2-pp2-interleaved", "sequence-parallel"])
 def test_what_cannot_carry_router_statistics_yet_is_refused(shape, options, feature):
     tokens = np.random.default_rng(9).integers(0, 256, (8, 16)).astype(np.int32)
     state = jaxsmp.init(_tiny().build, optax.sgd(0.1), jaxsmp.Mesh(**shape), seed=0)
