@@ -7,6 +7,12 @@ rendezvous termination timeout); two test workers on two cores, one running an M
 that busy-polls, can starve a device that long, so the tests allow 10 minutes.
 ``collectives="auto"`` reads no calibration a developer cached on this machine (tests
 that want one pass it), so tests see the same choices everywhere.
+
+LLVM's optimizations are off (``--xla_backend_optimization_level=0``): the suite's time
+is mostly XLA:CPU compiling small programs, and this cuts a full-step test's CPU time
+by about 40% (54 to 33 s measured). It changes no HLO pass: the optimized HLO, buffer
+assignment and ``memory_analysis()`` of a program compiled deviceless for H100 are
+identical with and without it; CPU programs run slower, which tiny tests do not feel.
 """
 import os
 
@@ -16,6 +22,7 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_cpu_experimental_ynn_fusion_type="
     + " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+    + " --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXSMP_COLLECTIVES_PROFILE_DIR"] = os.path.join(
