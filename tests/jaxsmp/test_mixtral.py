@@ -223,6 +223,19 @@ def test_full_step_on_a_sharded_mesh_equals_one_device(shape, options, model):
         np.testing.assert_allclose(got[1][key], want[1][key], rtol=1e-5, err_msg=key)
 
 
+@SLOW
+def test_capacity_factor_with_ep_drops_what_the_same_data_split_drops_without_it():
+    """Capacity is per data device's tokens with or without ep: ep=2, sdp=4 and dp=2,
+    sdp=4 (one sequence a device) drop the same assignments and take the same step."""
+    cfg = _tiny(capacity_factor=0.5, router_z_loss_coef=1e-2)
+    tokens = np.random.default_rng(12).integers(0, 256, (8, 16)).astype(np.int32)
+    want = sgd_update(cfg, jaxsmp.Mesh(dp=2, sdp=4), tokens, loss=_scalar_metrics_loss)
+    got = sgd_update(cfg, jaxsmp.Mesh(ep=2, sdp=4), tokens, loss=_scalar_metrics_loss)
+    assert want[1]["dropped_tokens"] > 0
+    assert got[1]["dropped_tokens"] == want[1]["dropped_tokens"]
+    assert_gradients_match(got, want)
+
+
 def _scalar_metrics_loss(model, batch):
     """The trainer's loss; the expert load reduced to a scalar (``sgd_update`` takes
     scalar metrics) linearly, so that its mean over data shards is the batch's."""
