@@ -61,6 +61,7 @@ class Shards:
     top_local: int
     layer_gathered: int
     top_gathered: int
+    expert_local: int = 0   # of ``stacked_local``: experts' shards (split over ep x sdp)
 
     @property
     def local(self) -> int:
@@ -133,6 +134,23 @@ class Workload:
     def layer_matmul_params(self) -> int:
         """Matmul weights (kernels) of one layer: 2 FLOPs per token each, forward."""
         return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked and len(p.shape) > 2)
+
+    @functools.cached_property
+    def layer_expert_params(self) -> int:
+        """Parameters of one stacked layer's experts, all of them (a mixture of experts'
+        ``experts`` axis; 0 for a dense model)."""
+        return sum(math.prod(p.shape[1:]) for p in self.params
+                   if p.stacked and "experts" in p.axes)
+
+    @property
+    def experts(self) -> int:
+        """Experts per MoE layer (``num_local_experts``); 0 for a dense model."""
+        return int(getattr(self.config, "num_local_experts", 0) or 0)
+
+    @property
+    def top_k(self) -> int:
+        """Experts each token is routed to (``num_experts_per_tok``); 0 for a dense model."""
+        return int(getattr(self.config, "num_experts_per_tok", 0) or 0) if self.experts else 0
 
     @functools.cached_property
     def fp8_linears(self) -> tuple[int, int]:
@@ -219,7 +237,7 @@ class Workload:
         return self._shards[key]
 
     def _compute_shards(self, mesh_shape: Mapping[str, int], rules: Mapping) -> Shards:
-        stacked = top = layer = top_gathered = 0
+        stacked = top = layer = top_gathered = expert = 0
         for p in self.params:
             spec = resolve_spec(p.path, p.axes, p.shape, mesh_shape, rules)
             split = [math.prod(mesh_shape[a] for a in axis_names(d)) for d in spec]
@@ -228,12 +246,13 @@ class Workload:
                       for d, k in zip(spec, split)]
             if p.stacked:
                 stacked += local
+                expert += local if "experts" in p.axes else 0
                 layer += math.prod(n // k for n, k in zip(p.shape[1:], no_sdp[1:]))
             else:
                 top += local
                 if not self._looked_up(p):
                     top_gathered += math.prod(n // k for n, k in zip(p.shape, no_sdp))
-        return Shards(stacked, top, layer, top_gathered)
+        return Shards(stacked, top, layer, top_gathered, expert)
 
     def _looked_up(self, p: Param) -> bool:
         """An untied embedding table is read from its shards, never gathered
@@ -263,7 +282,11 @@ class Workload:
         _, stacked = nnx.split(self._stack.layers)
         one = jax.tree.map(lambda v: jax.ShapeDtypeStruct((1, *v.shape[1:]), dtype), stacked)
         tokens = _TRACE_BATCH * _TRACE_SEQ
-        x = jax.ShapeDtypeStruct((_TRACE_BATCH, _TRACE_SEQ, self.hidden), dtype)
+        # the carry the model passes its stack (a mixture of experts' carries its router
+        # statistics beside the hidden state), with the hidden state in ``dtype``
+        carry, args = self._layer_args
+        x = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, dtype)
+                         if v.shape[-1:] == (self.hidden,) else v, carry)
 
         def loss(layer, h, args):
             out = {}
@@ -274,12 +297,12 @@ class Workload:
             scan = functools.partial(plain_scan, remat_policy=remat)
             with layer_context(LayerContext(scan_layers=scan, run_stages=hook)):
                 self._stack(h, *args)
-            return out["y"].astype(jnp.float32).sum()
+            return sum(y.astype(jnp.float32).sum() for y in jax.tree.leaves(out["y"]))
 
         replicated = split = 0.0
-        for shape, source in saved_residuals(loss, one, x, self._layer_args):
+        for shape, source in saved_residuals(loss, one, x, args):
             per_layer = "output of scan" in source or "argument h" in source
-            if not per_layer or _TRACE_SEQ not in shape.shape:
+            if not per_layer or not self._per_token(shape.shape):
                 continue  # weights, per-channel constants, what all layers share
             nbytes = float(np.prod(shape.shape)) * _residual_dtype(shape, backend) / tokens
             if shape.shape[-1] != self.hidden:
@@ -288,14 +311,21 @@ class Workload:
                 replicated += nbytes
         return replicated, split
 
+    def _per_token(self, shape: tuple[int, ...]) -> bool:
+        """A residual with a token dimension: the trace's tokens, or a mixture of
+        experts' ``tokens x top_k`` assignment rows."""
+        return _TRACE_SEQ in shape or (
+            self.top_k > 0 and _TRACE_BATCH * _TRACE_SEQ * self.top_k in shape)
+
     @functools.cached_property
     def _layer_args(self) -> tuple:
-        """The extra arguments the model passes its stacked layers (e.g. rotary tables),
+        """(the carry, the extra arguments) the model passes its stacked layers (the
+        hidden state, with a mixture of experts' router statistics; e.g. rotary tables),
         as abstract values, captured by a pipeline hook in an abstract forward pass."""
         captured = {}
 
         def hook(run, x, params, args):
-            captured["args"] = tuple(args)
+            captured["args"] = (x, tuple(args))
             return x
 
         def forward(state):
