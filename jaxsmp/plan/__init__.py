@@ -15,6 +15,7 @@ on a cluster, with predicted memory and TFLOP/s per GPU, and a pre-flight compil
 
 Modules: ``hardware`` (GPUs, nodes), ``workload`` (shards, FLOPs, saved activations of a
 model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput``,
+``moe`` (a mixture of experts' GEMMs, all-to-alls and dispatch buffers),
 ``search``, ``report``, ``compiled`` (pre-flight on simulated CPU devices),
 ``gpu_target`` and ``gpu_preflight`` (pre-flight with XLA:GPU, deviceless), ``__main__`` (CLI).
 
@@ -49,6 +50,17 @@ microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, th
 simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
 library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
 (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; JAX's default is 0.75).
+
+Mixture of experts (``moe.py``): the experts' GEMMs are priced as XLA:GPU compiles
+``ragged_dot`` (jax 0.10.2, docs/moe.md): one masked GEMM per expert matrix over every
+local expert's weights, so each routed row costs ``experts / ep`` experts' FLOPs; model
+FLOPs and MFU count the active experts only (``top_k`` per token). Under ``ep`` the
+dispatch buffers hold the step's static worst case (dropless: ``ep x tokens x top_k``
+rows; with a capacity factor ``experts x capacity``), the grouped GEMMs run over all of
+them, and each all-to-all (dispatch and return forward, their transposes backward, the
+forward's again under remat) is priced with ``collectives.CostModel``'s ``a2a`` step,
+exposed. Expert state is split over ``ep x sdp``, dense state over ``sdp`` and reduced
+over ``dp x ep``.
 
 Step semantics (``candidate.Semantics``): the target is jaxsmp's ZeRO-3 (gathered
 weights freed after the forward and gathered again in the backward, the next layer

@@ -47,7 +47,9 @@ class Candidate:
     (pp = 1) or the pipeline's microbatches (pp > 1); ``cp``: devices each sequence is
     split over (context parallelism; the batch is not split over it); ``reduce_dtype``:
     the dtype of the gradient reduce-scatter over sdp and all-reduce over dp, ``fp32``
-    or ``bf16``, ``None`` the step's default (:attr:`reduced`)."""
+    or ``bf16``, ``None`` the step's default (:attr:`reduced`); ``ep``: expert
+    parallelism, a mixture of experts' experts split over that many data devices (the
+    batch is split over dp x ep x sdp; 1 for a dense model)."""
     dp: int
     sdp: int
     tp: int
@@ -61,9 +63,10 @@ class Candidate:
     sequence_parallel: bool = False
     cp: int = 1
     reduce_dtype: str | None = None
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "sdp", "tp", "pp", "cp", "microbatch_size", "microbatches",
+        for name in ("dp", "sdp", "tp", "pp", "cp", "ep", "microbatch_size", "microbatches",
                      "virtual_chunks"):
             positive_int(name, getattr(self, name))
         if self.remat not in POLICIES:
@@ -79,15 +82,21 @@ class Candidate:
         if self.cp > 1 and self.pp > 1:   # as jaxsmp.step refuses it
             raise ValueError(f"context parallelism (cp={self.cp}) with pipeline parallelism "
                              f"(pp={self.pp}) is not supported yet; use pp=1 or cp=1")
+        if self.ep > 1 and (self.cp > 1 or self.sequence_parallel
+                            or self.schedule == "interleaved"):   # as jaxsmp.step refuses
+            raise ValueError(f"expert parallelism (ep={self.ep}) runs without cp, "
+                             f"sequence_parallel and the interleaved (1F1B) schedule; got "
+                             f"cp={self.cp}, sequence_parallel={self.sequence_parallel}, "
+                             f"schedule={self.schedule!r}")
 
     @property
     def world(self) -> int:
-        return self.dp * self.sdp * self.cp * self.tp * self.pp
+        return self.dp * self.ep * self.sdp * self.cp * self.tp * self.pp
 
     @property
     def data(self) -> int:
-        """Ways the global batch is split (dp x sdp)."""
-        return self.dp * self.sdp
+        """Ways the global batch is split (dp x ep x sdp)."""
+        return self.dp * self.ep * self.sdp
 
     @property
     def local_batch(self) -> int:
@@ -120,7 +129,8 @@ class Candidate:
 
     @property
     def mesh_shape(self) -> dict[str, int]:
-        return {"dp": self.dp, "pp": self.pp, "sdp": self.sdp, "cp": self.cp, "tp": self.tp}
+        return {"dp": self.dp, "pp": self.pp, "ep": self.ep, "sdp": self.sdp, "cp": self.cp,
+                "tp": self.tp}
 
     def step_options(self) -> dict:
         """Keyword arguments of ``jaxsmp.step`` that run this candidate."""
@@ -135,7 +145,8 @@ class Candidate:
         return options
 
     def label(self) -> str:
-        parts = [f"dp={self.dp}", f"sdp={self.sdp}", f"tp={self.tp}", f"pp={self.pp}",
+        parts = [f"dp={self.dp}", *([f"ep={self.ep}"] if self.ep > 1 else []),
+                 f"sdp={self.sdp}", f"tp={self.tp}", f"pp={self.pp}",
                  *([f"cp={self.cp}"] if self.cp > 1 else []),
                  f"mbs={self.microbatch_size}x{self.microbatches}", f"remat={self.remat}"]
         if self.pp > 1:

@@ -114,7 +114,7 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
         raise ValueError(f"{candidate.label()} needs {candidate.world} devices; this process "
                          f"has {len(devices)} (use jaxsmp.plan.preflight, which starts one)")
     c = candidate
-    mesh = jaxsmp.Mesh(dp=c.dp, sdp=c.sdp, tp=c.tp, pp=c.pp, cp=c.cp,
+    mesh = jaxsmp.Mesh(dp=c.dp, sdp=c.sdp, tp=c.tp, pp=c.pp, cp=c.cp, ep=c.ep,
                        devices=devices[:c.world], collectives="xla")
     state = abstract_state(config.build, optax.adamw(1e-4), mesh)  # as jaxsmp.init, abstract
     batch = {"tokens": jax.ShapeDtypeStruct((c.global_batch, seq_len), np.int32)}
@@ -151,14 +151,14 @@ def scale(config: Any, candidate: Candidate, max_devices: int = MAX_DEVICES):
         notes.append(f"dp {c.dp} -> 1 (per-device shapes unchanged)")
         c = dataclasses.replace(c, dp=1)
     if c.world > max_devices and c.pp > 1:
-        pp = _largest_divisor(c.pp, max(1, max_devices // (c.sdp * c.tp)))
+        pp = _largest_divisor(c.pp, max(1, max_devices // (c.ep * c.sdp * c.tp)))
         notes.append(f"pp {c.pp} -> {pp}, layers {layers} -> {layers // c.pp * pp} "
                      f"(same layers per stage)")
         layers = layers // c.pp * pp
         c = dataclasses.replace(c, pp=pp, schedule=c.schedule if pp > 1 else "simple",
                                 virtual_chunks=c.virtual_chunks if pp > 1 else 1)
     if c.world > max_devices and c.sdp > 1:
-        sdp = _largest_divisor(c.sdp, max(1, max_devices // (c.cp * c.tp * c.pp)))
+        sdp = _largest_divisor(c.sdp, max(1, max_devices // (c.ep * c.cp * c.tp * c.pp)))
         scaled = max(c.pp, layers * sdp // c.sdp // c.pp * c.pp)
         notes.append(f"sdp {c.sdp} -> {sdp}, layers {layers} -> {scaled} (stacked bytes per "
                      f"device kept; each layer's shard and the top-level shards grow)")

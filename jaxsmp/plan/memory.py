@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
+from jaxsmp.plan import moe
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
@@ -103,8 +104,7 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     moments, the loss and head backward, and the backward of the first layer (every
     layer's activations still saved). ``ValueError`` if the model does not divide."""
     shards = w.shards(c.mesh_shape, rules)
-    compute = jnp.dtype(precision_policy(c.precision).compute_dtype)
-    cbytes = 4 if backend == "cpu" else compute.itemsize
+    cbytes = _compute_bytes(c, backend)   # XLA:CPU keeps bfloat16 work in float32
     # the dtype of the gradient reduce-scatter (XLA:CPU keeps bfloat16 work in float32)
     rbytes = 4 if backend == "cpu" else c.reduce_bytes
     tp = c.tp if semantics.megatron_tp else 1     # how far tp splits a layer's work
@@ -129,7 +129,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
         activations=saved, working=embedding,
         logits=head_tokens * w.vocab / tp * LOGIT_BYTES, phase="head")
     full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
-    working = tokens * (full if c.remat != "none" else NONE_WORKING * full)
+    working = (tokens * (full if c.remat != "none" else NONE_WORKING * full)
+               + moe.working_bytes(w, c, tokens, tp, cbytes))   # ep's dispatch buffers
     backward = MemoryBreakdown(
         **state,
         grads=(accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers)
@@ -182,7 +183,15 @@ def _saved_activations(w: Workload, c: Candidate, tokens: int, layers: int, tp: 
         # and one microbatch's stage activations while its backward recomputes them
         carry = w.activations("full", c.precision, backend).replicated
         return tokens * carry * (3 * inflight + c.microbatches) + tokens * saved * layers
-    return tokens * saved * layers / c.virtual_chunks * inflight
+    per_layer = tokens * saved + moe.saved_bytes(w, c, tokens, tp, _compute_bytes(c, backend))
+    return per_layer * layers / c.virtual_chunks * inflight
+
+
+def _compute_bytes(c: Candidate, backend: str) -> int:
+    """Bytes of the compute dtype (float32 on XLA:CPU, which computes bfloat16 so)."""
+    if backend == "cpu":
+        return 4
+    return jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
 
 
 def _whole_sequence_embedding(w: Workload, c: Candidate, cbytes: int) -> float:

@@ -39,7 +39,7 @@ def _shares(p: Plan) -> str:
     parts = {"compute": t.compute, "exposed sdp collectives": t.sdp, "tp all-reduces": t.tp,
              "pipeline sends": t.pp, "pipeline bubble": t.bubble, "dp all-reduce": t.dp,
              "optimizer": t.optimizer, "offload transfers": t.offload,
-             "cp attention transfers": t.cp}
+             "cp attention transfers": t.cp, "ep all-to-alls": t.ep}
     shown = [f"{name} {value / t.total:.0%}" for name, value in parts.items()
              if value / t.total >= 0.005]
     return ", ".join(shown)
@@ -76,6 +76,7 @@ def why(plans: Sequence[Plan]) -> str:
         ("best with another remat", lambda p: p.candidate.remat != b.remat),
         ("best with another sdp", lambda p: p.candidate.sdp != b.sdp),
         ("best with another cp", lambda p: p.candidate.cp != b.cp),
+        ("best with another ep", lambda p: p.candidate.ep != b.ep),
     ]
     named: dict[int, tuple[Plan, list[str]]] = {}
     for name, keep in rivals:

@@ -84,26 +84,36 @@ def candidates(w: Workload, cluster: Cluster, global_batch: int, precision: str 
                sequence_parallel: bool = False,
                context: Sequence[int] | None = None,
                reduce_dtype: str | None = None) -> Iterator[Candidate]:
-    """Every (dp, sdp, tp, pp, cp, microbatch, remat, schedule) dividing the cluster, the
-    global batch and the model (whole heads per tp rank); tp x cp stays inside a node.
+    """Every (dp, ep, sdp, tp, pp, cp, microbatch, remat, schedule) dividing the cluster,
+    the global batch and the model (whole heads per tp rank); tp x cp stays inside a node.
+    A mixture of experts also tries every ``ep`` dividing its expert count and the data
+    devices, with cp = 1 and no 1F1B (what the step runs for it).
     ``reduce_dtype``: every candidate's (``None``: the step's default for ``precision``;
     not searched, bf16 reduction only ever moves fewer bytes).
     ``context``: the cp degrees to try (default :data:`CONTEXT_DEGREES` for sequences of
     at least :data:`LONG_SEQUENCE` tokens, else cp = 1 only)."""
     if context is None:
         context = CONTEXT_DEGREES if w.seq_len >= LONG_SEQUENCE else (1,)
-    for dp, sdp, tp, pp, cp in _meshes(w, cluster, global_batch, context):
-        local = global_batch // (dp * sdp)
+    if w.experts:
+        if sequence_parallel:
+            raise ValueError("sequence_parallel is not run with a mixture of experts "
+                             "(docs/moe.md); plan without it")
+        context = (1,)
+        schedules = tuple(s for s in schedules if s != "interleaved")
+    for dp, ep, sdp, tp, pp, cp in _meshes(w, cluster, global_batch, context):
+        local = global_batch // (dp * ep * sdp)
         for mbs in divisors(local):
             for remat in remats:
                 for schedule, chunks in _schedules(w, pp, local // mbs, schedules):
                     yield Candidate(dp, sdp, tp, pp, mbs, local // mbs, remat, precision,
-                                    schedule, chunks, sequence_parallel, cp, reduce_dtype)
+                                    schedule, chunks, sequence_parallel, cp, reduce_dtype,
+                                    ep)
 
 
 def _meshes(w: Workload, cluster: Cluster, global_batch: int, context: Sequence[int]):
-    """(dp, sdp, tp, pp, cp) dividing the cluster, the batch (over dp x sdp) and the
-    model; cp only with pp = 1, on sequences of a multiple of 2 cp tokens."""
+    """(dp, ep, sdp, tp, pp, cp) dividing the cluster, the batch (over dp x ep x sdp)
+    and the model; cp only with pp = 1, on sequences of a multiple of 2 cp tokens; ep
+    (> 1 only for a mixture of experts) divides the expert count."""
     world, per_node = cluster.world, cluster.node.gpus
     for tp in divisors(per_node):
         for cp in context:
@@ -112,13 +122,18 @@ def _meshes(w: Workload, cluster: Cluster, global_batch: int, context: Sequence[
             for pp in (p for p in divisors(world // (tp * cp)) if w.layers % p == 0):
                 if cp > 1 and pp > 1:
                     continue
-                for sdp in divisors(world // (tp * pp * cp)):
-                    dp = world // (tp * pp * cp * sdp)
-                    if global_batch % (dp * sdp) == 0 and _divides(w, dp, sdp, tp, pp, cp):
-                        yield dp, sdp, tp, pp, cp
+                data = world // (tp * pp * cp)
+                for ep in (e for e in divisors(data) if e == 1 or (w.experts % e == 0
+                                                                   and w.experts)):
+                    for sdp in divisors(data // ep):
+                        dp = data // (ep * sdp)
+                        if global_batch % (dp * ep * sdp) == 0 and _divides(
+                                w, dp, sdp, tp, pp, cp, ep):
+                            yield dp, ep, sdp, tp, pp, cp
 
 
-def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int = 1) -> bool:
+def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int = 1,
+             ep: int = 1) -> bool:
     """Megatron splits whole heads over tp, every parameter must divide, and ring
     attention (cp the heads do not allow ulysses for) runs its blocks in XLA."""
     if w.heads % tp or w.kv_heads % tp:
@@ -127,15 +142,15 @@ def _divides(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int = 1) -> b
             w.config, "attention_impl", "auto") not in RING_IMPLS:
         return False
     try:
-        _shards(w, dp, sdp, tp, pp, cp)
+        _shards(w, dp, sdp, tp, pp, cp, ep)
     except ValueError:
         return False
     return True
 
 
 @functools.lru_cache(maxsize=4096)
-def _shards(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int):
-    return w.shards({"dp": dp, "pp": pp, "sdp": sdp, "cp": cp, "tp": tp})
+def _shards(w: Workload, dp: int, sdp: int, tp: int, pp: int, cp: int, ep: int = 1):
+    return w.shards({"dp": dp, "pp": pp, "ep": ep, "sdp": sdp, "cp": cp, "tp": tp})
 
 
 def _schedules(w: Workload, pp: int, microbatches: int, schedules: Sequence[str]):
@@ -174,21 +189,16 @@ def plan(model_config: Any, cluster: Cluster, *, seq_len: int, global_batch: int
                          f"{tuple(REDUCE_DTYPES)} or None (the step's default)")
     cluster.node.gpu.check_precision(precision)
     config = load_model(model_config)
-    if hasattr(config, "num_local_experts"):
-        raise ValueError(f"the planner does not price mixture-of-experts models yet "
-                         f"({type(config).__name__}: no all-to-all cost, no expert "
-                         f"parallelism, and pp, cp and sequence_parallel are refused for "
-                         f"them); choose the mesh by hand")
     w = _workload(config, seq_len)
     def every(context: Sequence[int] | None) -> list[Plan]:
         return [evaluate(w, c, cluster, semantics) for c in
                 candidates(w, cluster, global_batch, precision, remats, schedules,
                            context=context, reduce_dtype=reduce_dtype)]
     plans = every(None)
-    if w.seq_len < LONG_SEQUENCE and not any(p.fits for p in plans):
+    if w.seq_len < LONG_SEQUENCE and not w.experts and not any(p.fits for p in plans):
         plans += every(CONTEXT_DEGREES[1:])   # a short sequence split as a last resort
     if not plans:
-        raise ValueError(f"no (dp, sdp, tp, pp, cp, microbatch) divides {cluster.world} GPUs, "
+        raise ValueError(f"no (dp, ep, sdp, tp, pp, cp, microbatch) divides {cluster.world} GPUs, "
                          f"global batch {global_batch} and the model's {w.layers} layers; "
                          f"choose a global batch divisible by more data-parallel degrees")
     fitting = sorted((p for p in plans if p.fits), key=lambda p: p.throughput.step_seconds)

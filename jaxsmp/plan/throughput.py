@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
+from jaxsmp.plan import moe
 from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.comm import (
@@ -52,6 +53,7 @@ class StepTime:
     dp: float            # gradient all-reduce over dp
     optimizer: float
     offload: float       # host transfers not hidden behind compute
+    ep: float = 0.0      # a mixture of experts' all-to-alls over ep (exposed)
     stages: tuple[int, ...] = ()  # layers per (virtual) pipeline stage, as the step splits
     spread_head: bool = False     # 1F1B runs the head on every stage (pipeline_head)
 
@@ -72,6 +74,7 @@ class _Layer:
     tp: float
     offload: float
     cp: float = 0.0
+    ep: float = 0.0
 
 
 def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
@@ -81,8 +84,9 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
-    matmul_flops = 2 * w.layer_matmul_params / split * tokens
-    matmul_bytes = cbytes * (w.layer_matmul_params / split
+    matmul_flops = moe.layer_matmul_flops(w, c, tokens, split)
+    dense = w.layer_matmul_params - w.layer_expert_params
+    matmul_bytes = cbytes * ((dense + w.layer_expert_params / c.ep) / split
                              + GEMM_ACTIVATION_WIDTHS * tokens * w.hidden)
     linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
     matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
@@ -110,7 +114,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     offload = 2 * host / cluster.node.pcie_bandwidth
     cp_forward, cp_backward = context_transfers(w, c, cluster, split, attention)
     cp = cp_forward * (2 if c.remat != "none" else 1) + cp_backward  # recompute: again
-    return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp)
+    ep = moe.exchange_seconds(w, c, cluster, tokens, cbytes)
+    return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp, ep)
 
 
 def _overlapped(layer: _Layer, semantics: Semantics,
@@ -205,7 +210,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
     edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
     m = c.microbatches
-    per_layer = compute + exposed + layer.tp + layer.cp + offload
+    per_layer = compute + exposed + layer.tp + layer.cp + layer.ep + offload
     head = _head(w, c, cluster, fitted)
     split, spread = _stage_split(w, c, layer, per_layer, head)
     layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers, spread)
@@ -227,11 +232,23 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         tp=m * layers * layer.tp,
         pp=m * sends,
         bubble=bubble,
-        dp=all_reduce_seconds(cluster, c.dp, c.pp * c.sdp * c.cp * c.tp,
-                              c.reduce_bytes * shards.local),
+        dp=_replica_reduction(c, cluster, shards),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload,
-        cp=m * layers * layer.cp, stages=split, spread_head=spread)
+        cp=m * layers * layer.cp, ep=m * layers * layer.ep, stages=split,
+        spread_head=spread)
+
+
+def _replica_reduction(c: Candidate, cluster: Cluster, shards) -> float:
+    """The gradient all-reduce over the replicas: the dense parameters' over dp x ep
+    (``ep`` is a data-replica axis for them), the experts' over dp only (each ep group
+    owns its experts). dp and ep are adjacent in the device order only with pp = 1;
+    the group is priced at ep's stride either way."""
+    dense = shards.local - shards.expert_local
+    stride = c.sdp * c.cp * c.tp
+    return (all_reduce_seconds(cluster, c.dp * c.ep, stride, c.reduce_bytes * dense)
+            + all_reduce_seconds(cluster, c.dp, c.pp * c.ep * stride,
+                                 c.reduce_bytes * shards.expert_local))
 
 
 def _forward_share(layer: _Layer) -> float:

@@ -18,7 +18,7 @@ TINY = jaxsmp.models.preset("gpt_neox", "tiny", hidden_size=256, num_attention_h
 def test_a_cp_candidate_counts_cp_in_its_world_mesh_and_label_only_when_used():
     c = Candidate(1, 2, 1, 1, 8, 1, "full", "bf16", cp=4)
     assert (c.world, c.data, c.global_batch) == (8, 2, 16)   # the batch is not split over cp
-    assert c.mesh_shape == {"dp": 1, "pp": 1, "sdp": 2, "cp": 4, "tp": 1}
+    assert c.mesh_shape == {"dp": 1, "pp": 1, "ep": 1, "sdp": 2, "cp": 4, "tp": 1}
     assert "cp=4" in c.label() and "context_parallel" not in c.step_options()
     assert "cp" not in Candidate(1, 8, 1, 1, 4, 1, "none", "bf16").label()
 

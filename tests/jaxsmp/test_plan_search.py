@@ -56,8 +56,3 @@ def test_models_load_from_presets_configs_and_hugging_face_config_files(tmp_path
 def test_batches_that_split_over_nothing_are_clear_errors():
     with pytest.raises(ValueError, match="global_batch must be a positive integer"):
         plan(TINY, cluster("p4d.24xlarge", 1), seq_len=64, global_batch=0)
-
-
-def test_a_mixture_of_experts_is_refused_until_the_planner_prices_it():
-    with pytest.raises(ValueError, match="does not price mixture-of-experts models yet"):
-        plan("mixtral:8x7b", cluster("p4d.24xlarge", 1), seq_len=2048, global_batch=64)

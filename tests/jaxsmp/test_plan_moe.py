@@ -1,0 +1,147 @@
+"""The planner on a mixture of experts: expert FLOPs as the GPU runs them, the
+all-to-alls of expert parallelism, expert shards over ep x sdp, and the search over ep."""
+import dataclasses
+
+import pytest
+
+import jaxsmp
+from jaxsmp.plan import Candidate, Workload, candidates, cluster, estimate_memory, moe, plan
+from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED
+from jaxsmp.plan.candidate import TARGET
+from jaxsmp.plan.report import table, why
+from jaxsmp.plan.throughput import _elementwise, _layer, estimate_time
+
+D, FFN, EXPERTS, TOP_K, LAYERS = 4096, 14336, 8, 2, 32     # Mixtral-8x7B
+EXPERT = 3 * D * FFN                                        # one expert's SwiGLU
+DENSE = 2 * D * D + 2 * D * 1024 + D * EXPERTS              # q, o; k, v (8 kv heads); router
+TOKENS = 4096                                               # one sequence per device
+
+
+@pytest.fixture(scope="module")
+def w():
+    return Workload(jaxsmp.models.preset("mixtral", "8x7b"), TOKENS)
+
+
+def _candidate(ep: int, sdp: int, remat: str = "full") -> Candidate:
+    return Candidate(dp=1, sdp=sdp, tp=1, pp=1, microbatch_size=1, microbatches=1,
+                     remat=remat, ep=ep)
+
+
+def test_the_workload_tells_expert_weights_from_dense_ones(w):
+    assert (w.experts, w.top_k) == (EXPERTS, TOP_K)
+    assert w.layer_expert_params == EXPERTS * EXPERT
+    assert w.layer_matmul_params - w.layer_expert_params == DENSE
+
+
+def test_expert_flops_are_the_active_ones_in_a_grouped_gemm_and_all_experts_masked(w):
+    c = _candidate(ep=1, sdp=8)
+    active = 2 * TOKENS * TOP_K * EXPERT                     # top_k experts per token
+    assert moe.active_flops(w, TOKENS) == active
+    assert moe.expert_flops(w, c, TOKENS, 1, kernel="grouped") == active
+    # XLA:GPU's ragged_dot: each assignment row against every expert's weights
+    assert moe.expert_flops(w, c, TOKENS, 1, kernel="masked") == EXPERTS * active
+    assert moe.layer_matmul_flops(w, c, TOKENS, 1) == 2 * TOKENS * DENSE + EXPERTS * active
+    assert moe.layer_matmul_flops(w, c, TOKENS, 2) == (2 * TOKENS * DENSE
+                                                       + EXPERTS * active) / 2
+
+
+def test_the_step_prices_the_masked_expert_gemms_the_gpu_runs(w):
+    """The layer's forward matmul time is the hand-counted FLOPs (dense + every expert
+    on every assignment row) at the achievable GEMM rate, not all experts' weights on
+    every token and not the active experts only."""
+    c, cl = _candidate(ep=1, sdp=16), cluster("p5.48xlarge", 2)
+    gpu = cl.node.gpu
+    layer = _layer(w, c, cl, TARGET, FITTED)
+    attention = (2 * TOKENS * TOKENS * D
+                 / (gpu.flops("bf16") * gpu.attention_efficiency * FITTED.attention))
+    elementwise = _elementwise(w, c, cl, 1) * w.memory_scale.layer
+    matmul = layer.forward - attention - elementwise
+    rate = gpu.linear_flops("bf16") * gpu.matmul_efficiency * FITTED.matmul
+    hand = 2 * TOKENS * (DENSE + TOP_K * EXPERTS * EXPERT) / rate
+    assert matmul == pytest.approx(hand, rel=1e-9)
+
+
+def test_dispatch_rows_are_the_worst_case_buffer_dropless_and_bounded_by_capacity(w):
+    assert moe.rows(w, _candidate(ep=1, sdp=8), TOKENS) == TOKENS * TOP_K
+    assert moe.rows(w, _candidate(ep=4, sdp=2), TOKENS) == 4 * TOKENS * TOP_K
+    capped = Workload(w.config.replace(capacity_factor=1.25), TOKENS)
+    capacity = -(-5 * TOKENS * TOP_K // (4 * EXPERTS))       # ceil(1.25 x 8192 / 8) = 1280
+    assert moe.rows(capped, _candidate(ep=4, sdp=2), TOKENS) == EXPERTS * capacity
+    # ep shrinks the masked GEMM's experts only when a capacity bounds the rows
+    assert moe.expert_flops(w, _candidate(ep=4, sdp=2), TOKENS, 1) == \
+        moe.expert_flops(w, _candidate(ep=1, sdp=8), TOKENS, 1)
+    assert moe.expert_flops(capped, _candidate(ep=4, sdp=2), TOKENS, 1) == \
+        2 * EXPERTS * capacity * 2 * EXPERT
+
+
+def test_all_to_all_time_is_dispatch_and_return_forward_backward_and_recomputed(w):
+    """ep=2 over sdp=8 on 2 nodes: each ep pair spans the two hosts, 8 pairs share each
+    host's network; per layer 3 row all-to-alls forward (dispatch, return, and the
+    recompute's 2 of remat full: 4) + 2 backward, and the forward's int32 ids twice."""
+    c, cl = _candidate(ep=2, sdp=8), cluster("p4de.24xlarge", 2)
+    net = cl.node.cost_model()
+    chunk = TOKENS * TOP_K * D * 2          # one of ep=2 rows of 2 x 8192 bf16 slots
+    assert moe.dispatch_chunk(w, c, TOKENS, 2) == chunk
+
+    def a2a(nbytes):                         # 2 hosts x 1 device: one network step
+        return COLLECTIVE_LAUNCH + net.alpha_inter + nbytes / (net.bw_inter / 8)
+    per_layer = 6 * a2a(chunk) + 2 * a2a(TOKENS * TOP_K * 4)
+    assert moe.exchange_seconds(w, c, cl, TOKENS, 2) == pytest.approx(per_layer, rel=1e-9)
+    step = estimate_time(w, c, cl)
+    assert step.ep == pytest.approx(LAYERS * per_layer, rel=1e-9)
+    none = dataclasses.replace(c, remat="none")      # nothing recomputed: 4 and 1
+    assert estimate_time(w, none, cl).ep == pytest.approx(
+        LAYERS * (4 * a2a(chunk) + a2a(TOKENS * TOP_K * 4)), rel=1e-9)
+    assert estimate_time(w, _candidate(ep=1, sdp=16), cl).ep == 0
+
+
+def test_expert_state_is_split_over_ep_x_sdp_and_dense_state_over_sdp(w):
+    one, two = (w.shards(_candidate(ep, 16 // ep).mesh_shape) for ep in (1, 2))
+    assert one.expert_local == two.expert_local == LAYERS * EXPERTS * EXPERT // 16
+    dense = lambda s: s.local - s.expert_local
+    assert dense(two) == pytest.approx(2 * dense(one), rel=1e-3)    # replicated over ep
+    assert two.layer_gathered < one.layer_gathered     # each ep group gathers its experts
+
+
+def test_the_dispatch_buffers_are_in_the_working_set(w):
+    c1, c2 = _candidate(ep=1, sdp=16), _candidate(ep=2, sdp=8)
+    rows, base = 2 * TOKENS * TOP_K, TOKENS * TOP_K
+    hand = 2 * ((4 * rows - 2 * base) * D + 3 * (rows - base) * FFN)
+    assert moe.working_bytes(w, c2, TOKENS, 1, 2) == hand
+    m1, m2 = estimate_memory(w, c1), estimate_memory(w, c2)
+    assert m1.phase == m2.phase == "backward"
+    assert m2.working - m1.working == pytest.approx(hand)
+
+
+def test_the_search_tries_every_ep_dividing_the_experts_and_none_for_dense_models(w):
+    found = list(candidates(w, cluster("p4de.24xlarge", 2), global_batch=64))
+    assert {c.ep for c in found} == {1, 2, 4, 8}
+    assert all(c.cp == 1 and c.schedule != "interleaved" and c.world == 16 for c in found)
+    dense = Workload(jaxsmp.models.preset("gpt_neox", "tiny"), 64)
+    assert {c.ep for c in candidates(dense, cluster("p4d.24xlarge", 2), 32)} == {1}
+
+
+def test_mixtral_8x7b_on_two_p4de_nodes_gets_a_plan_that_fits():
+    plans = plan("mixtral:8x7b", cluster("p4de.24xlarge", 2), seq_len=4096,
+                 global_batch=256, top=None)
+    best = plans[0]
+    assert best.fits and best.memory.total <= best.capacity
+    # dropless, ep only moves ep x the rows to the same masked GEMM FLOPs: ep = 1 wins
+    assert best.candidate.ep == 1 and any(p.candidate.ep > 1 for p in plans)
+    assert "ep all-to-alls" in why(plans) and "ep=2" in table(plans[:200])
+
+
+def test_with_a_capacity_factor_the_planner_chooses_expert_parallelism():
+    config = jaxsmp.models.preset("mixtral", "8x7b").replace(capacity_factor=1.25)
+    plans = plan(config, cluster("p4de.24xlarge", 2), seq_len=4096, global_batch=256,
+                 top=None)
+    best, best_ep1 = plans[0], next(p for p in plans if p.candidate.ep == 1)
+    assert best.fits and best.candidate.ep == 8
+    assert best.throughput.step_seconds < 0.5 * best_ep1.throughput.step_seconds
+    assert best.candidate.step_options()["microbatches"] == best.candidate.microbatches
+    assert best.as_dict()["ep"] == 8 and best.time.ep > 0
+
+
+def test_expert_parallelism_refuses_what_the_step_refuses():
+    with pytest.raises(ValueError, match="ep=2"):
+        Candidate(1, 4, 1, 1, 1, 1, cp=2, ep=2)
