@@ -1,10 +1,11 @@
 """The Mixtral 8x7b width (2 layers) compiled deviceless by XLA:GPU for 8 x H100 (bf16,
-remat full, one 4096-token sequence per GPU) on ``sdp=8`` and ``sdp=4, tp=2`` (no ``ep``:
-expert parallelism is not implemented): temporaries, the kernels (custom calls and GEMM
-fusion kinds), the GEMMs the router's grouped ``ragged_dot`` became, with their
-contraction, and the collectives.
+remat full, one 4096-token sequence per GPU) on ``ep=8``, ``ep=4, tp=2``, ``sdp=8`` and
+``sdp=4, tp=2``: temporaries, the kernels (custom calls and GEMM fusion kinds), the GEMMs
+the experts' grouped ``ragged_dot`` became, with their contraction, and the bytes per GPU
+through each kind of collective (``jaxsmp.plan.hlo_cost``: a loop body's collectives
+times its trip count), the all-to-all of the token dispatch among them.
 
-    python bench/moe_gpu_compile.py       # needs jax-cuda12-plugin of jaxlib's version
+    python bench/moe_gpu_compile.py [--mesh ep=8 sdp=8]   # needs jax-cuda12-plugin of jaxlib's version
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import argparse
 import collections
 import re
 import sys
@@ -26,7 +28,11 @@ import jaxsmp
 from jaxsmp.checkpoint import abstract_state
 from jaxsmp.losses import causal_lm_loss
 from jaxsmp.models import preset
-from jaxsmp.plan import gpu_target
+from jaxsmp.plan import gpu_target, hlo_cost
+from jaxsmp.plan.compiled_time import rates
+from jaxsmp.plan.hardware import GPUS
+
+MESHES = ("ep=8", "ep=4,tp=2", "sdp=8", "sdp=4,tp=2")
 
 GEMM = re.compile(r"^%(\S+) \(parameter_\S+: (\w+\[[\d,]+\]), parameter_\S+: (\w+\[[\d,]+\])\)"
                   r" -> (\w+\[[\d,]+\])")
@@ -42,10 +48,23 @@ def ragged_gemms(text: str) -> collections.Counter:
     return found
 
 
+def collective_gib(text: str) -> dict[str, float]:
+    """GiB per GPU through each kind of collective (and dtype) in one step."""
+    found: collections.Counter = collections.Counter()
+    for c in hlo_cost.estimate(text, rates(GPUS["H100-SXM"], "bf16")).collectives:
+        if c.group_size > 1:
+            found[f"{c.kind} {c.dtype}"] += c.nbytes * c.count / 2**30
+    return {k: round(v, 3) for k, v in sorted(found.items())}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mesh", nargs="+", default=list(MESHES))
+    args = parser.parse_args()
     cfg = preset("mixtral", "8x7b", num_hidden_layers=2)
     devices = gpu_target.topology("H100-SXM", gpus_per_host=8)
-    for shape in (dict(sdp=8), dict(sdp=4, tp=2)):
+    for text_shape in args.mesh:
+        shape = {k: int(v) for k, v in (p.split("=") for p in text_shape.split(","))}
         start = time.perf_counter()
         mesh = jaxsmp.Mesh(**shape, devices=devices)
         state = abstract_state(cfg.build, optax.adamw(1e-4), mesh)
@@ -65,7 +84,8 @@ def main() -> None:
         collectives = collections.Counter(re.findall(
             r" (all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)"
             r"(?:-start)?\(", text))
-        print(f"collectives {dict(collectives)}\n")
+        print(f"collectives {dict(collectives)}")
+        print(f"collective GiB per GPU {collective_gib(text)}\n", flush=True)
 
 
 if __name__ == "__main__":
