@@ -53,7 +53,9 @@ library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
 
 Mixture of experts (``moe.py``): the experts' GEMMs are priced as XLA:GPU compiles
 ``ragged_dot`` (jax 0.10.2, docs/moe.md): one masked GEMM per expert matrix over every
-local expert's weights, so each routed row costs ``experts / ep`` experts' FLOPs; model
+local expert's weights (its rows expanded to ``[rows, local experts x width]``, held in
+the working set; under tp the down projection whole on every rank), so each routed row
+costs ``experts / ep`` experts' FLOPs; model
 FLOPs and MFU count the active experts only (``top_k`` per token). Under ``ep`` the
 dispatch buffers hold the step's static worst case (dropless: ``ep x tokens x top_k``
 rows; with a capacity factor ``experts x capacity``), the grouped GEMMs run over all of

@@ -130,7 +130,7 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
         logits=head_tokens * w.vocab / tp * LOGIT_BYTES, phase="head")
     full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
     working = (tokens * (full if c.remat != "none" else NONE_WORKING * full)
-               + moe.working_bytes(w, c, tokens, tp, cbytes))   # ep's dispatch buffers
+               + moe.working_bytes(w, c, tokens, tp, cbytes, backend))   # the experts' buffers
     backward = MemoryBreakdown(
         **state,
         grads=(accumulator + 4 * shards.stacked_local + _pipeline_grads(c, shards, layer, layers)

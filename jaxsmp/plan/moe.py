@@ -12,7 +12,10 @@ Kernel: on GPUs XLA (jax 0.10.2) compiles ``ragged_dot`` to one masked GEMM whos
 contraction runs over every local expert's stacked weights (docs/moe.md), so each row
 costs ``experts / ep`` experts' FLOPs (:data:`EXPERT_KERNEL` ``"masked"``, what runs);
 ``"grouped"`` prices a grouped GEMM (each row through its own expert only), which
-jaxsmp does not have on GPUs yet.
+jaxsmp does not have on GPUs yet. Under tp the compiled program splits the gate and up
+projections over tp but runs the down projection whole on every tp rank
+(``[rows, mlp] @ [mlp, embed]``, docs/moe.md's table), and its masked GEMMs read their
+rows expanded to ``[rows, local experts x width]`` (:func:`working_bytes`).
 """
 from __future__ import annotations
 
@@ -54,8 +57,11 @@ def expert_flops(w: Workload, c: Candidate, tokens: int, split: int,
         return 0.0
     if kernel not in KERNELS:
         raise ValueError(f"unknown expert kernel {kernel!r}; valid: {KERNELS}")
-    experts = w.experts // c.ep if kernel == "masked" else 1
-    return 2 * rows(w, c, tokens) * experts * per_expert(w) / split
+    if kernel == "grouped":
+        return 2 * rows(w, c, tokens) * per_expert(w) / split
+    # gate and up split over tp, the down projection whole (as compiled)
+    width = per_expert(w) * (2 / 3 / split + 1 / 3)
+    return 2 * rows(w, c, tokens) * (w.experts // c.ep) * width
 
 
 def layer_matmul_flops(w: Workload, c: Candidate, tokens: int, split: int,
@@ -112,16 +118,22 @@ def exchange_seconds(w: Workload, c: Candidate, cluster: Cluster, tokens: int,
     return hidden * row + ids * all_to_all_seconds(cluster, c, id_chunk)
 
 
-def working_bytes(w: Workload, c: Candidate, tokens: int, split: int, cbytes: int) -> float:
-    """Bytes of one MoE layer's dispatch beyond what its traced residuals hold (those
+def working_bytes(w: Workload, c: Candidate, tokens: int, split: int, cbytes: int,
+                  backend: str = "gpu") -> float:
+    """Bytes of one MoE layer's experts beyond what its traced residuals hold (those
     cover ``tokens x top_k`` rows): under ``ep`` the send, receive, output and returned
     buffers ``[rows, embed]`` and the GEMMs' three ``[rows, mlp / tp]`` intermediates,
-    less the ``tokens x top_k`` rows of each already counted."""
-    if c.ep == 1 or not w.experts:
+    less the ``tokens x top_k`` rows of each already counted; on GPUs, with more than
+    one local expert, the masked GEMMs' expanded inputs ``[rows, local x embed]`` and
+    ``[rows, local x mlp]`` (XLA:GPU's, docs/moe.md; XLA:CPU's ragged_dot is not modelled)."""
+    if not w.experts:
         return 0.0
-    n, base = rows(w, c, tokens), tokens * w.top_k
+    n, base, local = rows(w, c, tokens), tokens * w.top_k, w.experts // c.ep
     ffn = per_expert(w) / (3 * w.hidden)
-    return cbytes * ((4 * n - 2 * base) * w.hidden + 3 * (n - base) * ffn / split)
+    masked = n * local * (w.hidden + ffn) if backend == "gpu" and local > 1 else 0.0
+    if c.ep == 1:
+        return cbytes * masked
+    return cbytes * ((4 * n - 2 * base) * w.hidden + 3 * (n - base) * ffn / split + masked)
 
 
 def saved_bytes(w: Workload, c: Candidate, tokens: int, split: int, cbytes: int) -> float:
