@@ -34,7 +34,8 @@ from jaxsmp.plan.hardware import GPUS
 
 MESHES = ("ep=8", "ep=4,tp=2", "sdp=8", "sdp=4,tp=2")
 
-GEMM = re.compile(r"^%(\S+) \(parameter_\S+: (\w+\[[\d,]+\]), parameter_\S+: (\w+\[[\d,]+\])\)"
+# a GEMM fusion's head; XLA names its parameters parameter_N (jax 0.10, 0.11) or param_N.M
+GEMM = re.compile(r"^%(\S+) \(param\w*\S*: (\w+\[[\d,]+\]), param\w*\S*: (\w+\[[\d,]+\])\)"
                   r" -> (\w+\[[\d,]+\])")
 
 

@@ -13,8 +13,11 @@ import numpy as np
 HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 ARRAY = re.compile(r"\b(pred|s8|u8|s16|u16|s32|u32|s64|u64|f8e4m3fn|f8e5m2|f16|bf16|f32|f64)"
                    r"\[([\d,]*)\]")
+# an attribute naming called computations: a braced list, or one name (XLA prints
+# ``calls=%f, metadata=...`` on an async fusion-start: the list must not run on)
+_NAMES = r"=(?:\{([%\w.\-, ]+)\}|(%?[\w.\-]+))"
 _CALLED = re.compile(r"(?:body|condition|calls|to_apply|branch_computations|"
-                     r"called_computations|async_execution_thread)=\{?([%\w.\-, ]+)\}?")
+                     r"called_computations|async_execution_thread)" + _NAMES)
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2,
           "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
@@ -38,8 +41,9 @@ def callees(line: str, key: str | None = None) -> list[str]:
     """The computations an instruction calls (loop bodies and conditions, fusions,
     reductions' ``to_apply``, conditionals' branches); with ``key`` only those of that
     attribute (e.g. ``body``)."""
-    pattern = _CALLED if key is None else re.compile(key + r"=\{?([%\w.\-, ]+)\}?")
-    return [c.strip().lstrip("%") for group in pattern.findall(line) for c in group.split(",")]
+    pattern = _CALLED if key is None else re.compile(key + _NAMES)
+    return [c.strip().lstrip("%") for braced, one in pattern.findall(line)
+            for c in (braced or one).split(",")]
 
 
 def reachable(comps: dict[str, list[str]], root: str) -> set[str]:

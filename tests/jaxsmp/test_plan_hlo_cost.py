@@ -55,6 +55,21 @@ def test_a_loop_body_counts_once_per_trip_known_or_read_from_its_condition():
                                              * 2 / 1e9))
 
 
+def test_an_async_fusion_start_calls_one_computation_not_its_metadata():
+    """XLA in jax 0.11/0.12 prints ``calls=%f, metadata={...}`` on an async fusion-start;
+    reading ``metadata`` as a second callee failed the whole estimate (KeyError)."""
+    from jaxsmp.metrics.hlo import callees
+    line = ('%fusion-start.1 = ((f32[8,1024]), f32[1,1024], s32[]) fusion-start(%s, %i), '
+            'kind=kLoop, calls=%slice_add, metadata={op_name="jit(step)/update"}')
+    assert callees(line) == callees(line, "calls") == ["slice_add"]
+    assert callees("%c = f32[] conditional(%p, %a, %b), branch_computations={%x, %y}, "
+                   "metadata={}") == ["x", "y"]
+    module = MODULE.replace("%f = f32[1,1024]{1,0} fusion(%s, %i), kind=kLoop, calls=%slice_add",
+                            "%f = f32[1,1024]{1,0} fusion(%s, %i), kind=kLoop, calls=%slice_add, "
+                            'metadata={op_name="x"}')
+    assert estimate(module, RATES).matmul_flops == estimate(MODULE, RATES).matmul_flops
+
+
 def test_an_operand_a_fusion_only_slices_counts_at_the_slices_size():
     k = estimate(MODULE, RATES)
     # the slice of 1 x 1024 float32 read and written, the index; not the 8 x 1024 stack
