@@ -13,7 +13,7 @@ FAST = ["--steps", "1", "--eval-every", "0", "--no-progress", "--seq-len", "32"]
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--batch-size", "10"], r"global batch size 10 is not divisible by dp\*sdp \(8\) x "
+    (["--batch-size", "10"], r"global batch size 10 is not divisible by dp\*ep\*sdp \(8\) x "
                              r"microbatches \(1\) = 8; use a multiple of 8"),
     (["--batch-size", "24", "--microbatches", "2"], r"size 24 .* = 16; use a multiple of 16"),
     (["--tp", "3"], r"mesh degrees .*'tp': 3.* do not divide the 8 devices"),
