@@ -254,17 +254,3 @@ def initialize(env: Mapping[str, str] | None = None, *, heartbeat_timeout: int =
         cluster_detection_method="deactivate", initialization_timeout=initialization_timeout,
         heartbeat_timeout_seconds=heartbeat_timeout)
     return spec
-
-
-# how long a process waits for the others to compile (large models compile for minutes)
-COMPILE_WAIT_S = 1800
-
-
-def wait_for_all(name: str, timeout_s: float = COMPILE_WAIT_S) -> None:
-    """Returns once every process of the job has called ``wait_for_all(name)`` (a barrier of
-    JAX's coordination service, through orbax's helper; no device collective). A single
-    process returns at once. ``name`` must be new for each barrier."""
-    if jax.process_count() == 1:
-        return
-    from orbax.checkpoint import multihost
-    multihost.get_barrier_sync_fn()(key=name, timeout_ms=int(timeout_s * 1000))

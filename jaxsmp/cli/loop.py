@@ -21,7 +21,6 @@ from jaxsmp.cli.preemption import Preempted, StopSignals
 from jaxsmp.cli.profile import StepProfiler
 from jaxsmp.cli.report import Reporter, Throughput, histogram_values, step_values
 from jaxsmp.data.loader import Prefetcher, device_batch
-from jaxsmp.distributed import wait_for_all
 from jaxsmp.metrics import peak_flops_per_device, train_flops_per_token
 from jaxsmp.metrics.logger import MetricsLogger
 from jaxsmp.train.batch import to_host
@@ -62,13 +61,8 @@ class Run:
     extra: dict  # saved with each checkpoint
 
     def evaluate(self, evaluate_step, done: int, history: History) -> None:
-        def batch(j: int):
-            return device_batch(self.data.eval, j, self.state.mesh)
-        if not history.eval_losses and jax.process_count() > 1:  # as the first train step
-            evaluate_step.lower(self.state, batch(0)).compile()
-            wait_for_all(f"jaxsmp: the eval step compiled at step {done}")
-        losses_ = [float(to_host(evaluate_step(self.state, batch(j))["loss"]))
-                   for j in range(self.cfg.eval_batches)]
+        losses_ = [float(to_host(evaluate_step(self.state, device_batch(
+            self.data.eval, j, self.state.mesh))["loss"])) for j in range(self.cfg.eval_batches)]
         loss = float(np.mean(losses_))
         history.eval_losses[done] = loss
         self.reporter.print(f"step {done}: train loss {history.losses[-1]:.3f}, "
@@ -146,16 +140,8 @@ def _compiled_steps(cfg: TrainConfig):
 
 def _call(train_step, state: TrainState, batch, first: bool):
     """One step; on the first, a ValueError (raised while tracing, before compiling: an
-    option the mesh or model cannot serve) is a :class:`ConfigError`.
-
-    The first step is compiled before it runs, and every process waits for the others to
-    have compiled it: processes then reach its first collective together (XLA:CPU's
-    gloo gives each new device group's rendezvous a fixed 30 s, which a slower compile
-    elsewhere would miss)."""
+    option the mesh or model cannot serve) is a :class:`ConfigError`."""
     try:
-        if first and jax.process_count() > 1:
-            train_step.lower(state, batch).compile()
-            wait_for_all("jaxsmp: the first train step compiled")
         return train_step(state, batch)
     except ValueError as err:
         if not first:

@@ -63,8 +63,8 @@ GLOO_LATE = "Gloo context initialization failed: DEADLINE_EXCEEDED"
 
 def _cpu_env(devices: int, cache: Path) -> dict[str, str]:
     """This environment with the venv first on PATH, ``devices`` CPU devices a process,
-    and JAX's compilation cache in ``cache``: a resumed run loads the program its first
-    run compiled, so the two processes reach gloo's fixed 30 s rendezvous together."""
+    and JAX's compilation cache in ``cache``: a resumed run loads the programs its first
+    run compiled (less time, and less room for one process to fall behind the other)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("XLA_FLAGS", "MASTER_", "SLURM_", "PMI_", "OMPI_"))}
     env.update(PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", JAX_PLATFORMS="cpu",
