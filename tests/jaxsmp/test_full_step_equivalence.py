@@ -9,7 +9,7 @@ Two runs per mesh, each against the same run on one device:
   to 1e-5 (fp8: ``FP8_NORM_RTOL``, ``FP8_LOSS_RTOL``). lr 1000, because at lr 1
   float32 rounding of ``before - after`` hides errors of 1e-4;
 * three AdamW steps: losses within 1e-5 (fp8: ``FP8_LOSS_RTOL``), parameters within
-  2e-4 (AdamW's normalised update turns float32 reduction-order noise in tiny gradients
+  ``ADAMW_ATOL`` (AdamW's normalised update turns float32 reduction-order noise in tiny gradients
   into ~1e-4 differences; fp8: not compared).
 
 The matrix: ZeRO-3, dp replicas, tp, sequence parallelism, cp (both strategies), every
@@ -35,6 +35,12 @@ SLOW = pytest.mark.slow
 # float8 rounding that flips moves a value by a step of its 2-3 bit mantissa. Measured on
 # pp2-sdp4 1F1B with fp8_vocab: the first loss 1.5e-4 apart, AdamW's third 1.2e-3.
 FP8_LOSS_RTOL, FP8_NORM_RTOL = 5e-3, 1e-2
+# parameters after three AdamW steps at lr 1e-3: its normalised update moves a parameter
+# with a tiny gradient by up to lr a step whatever the gradient's last bits, so float32
+# reduction-order noise shows as ~1e-4 (measured up to 2.0002e-4, 1 of 32768 elements,
+# on pp2-sdp2-tp2-1f1b-64 with XLA:CPU's LLVM optimizations off). The gradients themselves
+# are held to 1e-5 by the SGD step above.
+ADAMW_ATOL = 3e-4
 
 # id: (model, rows of tokens, mesh degrees, step options, default selection?)
 CASES = {
@@ -147,7 +153,7 @@ def test_full_step_matches_single_device(name):
     assert losses[-1] < losses[0]
     if not fp8:
         for a, b in zip(_adamw_params(state), _adamw_params(want_state)):
-            np.testing.assert_allclose(a, b, atol=2e-4)
+            np.testing.assert_allclose(a, b, atol=ADAMW_ATOL)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
