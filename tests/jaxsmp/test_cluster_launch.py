@@ -38,7 +38,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
-KillWait=60
+KillWait=20
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={dir}/spool
 SlurmctldPidFile={dir}/slurmctld.pid
@@ -223,8 +223,8 @@ def test_the_shipped_sbatch_script_trains_stops_on_scancel_and_resumes(
             _wait_for_checkpoint(ckpt, lambda: slurm.state(job) in ("PENDING", "RUNNING"),
                                  slurm.dir / f"first{attempt}.out")
             break
-        except AssertionError as err:
-            slurm.run("scancel", job, check=False)
+        except AssertionError as err:  # killed at once: no KillWait before the next job
+            slurm.run("scancel", "--full", "--signal=KILL", job, check=False)
             if attempt == 2 or GLOO_LATE not in str(err):
                 raise
     slurm.run("scancel", job)
