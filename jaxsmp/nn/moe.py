@@ -31,7 +31,7 @@ from flax import nnx
 
 from jaxsmp.nn.layer_context import current_layer_context
 from jaxsmp.nn.linear import Linear
-from jaxsmp.nn.moe_dispatch import expert_parallel
+from jaxsmp.nn.moe_dispatch import expert_parallel, grouped_swiglu
 from jaxsmp.nn.param import logical_param
 
 Stats = dict[str, jax.Array]
@@ -136,10 +136,7 @@ class MoE(nnx.Module):
         order = jnp.argsort(flat, stable=True)     # assignments grouped by expert
         sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
         token = order // k
-        rows = t[token].astype(w1.dtype)
-        h = jax.nn.silu(jax.lax.ragged_dot(rows, w1, sizes)) * jax.lax.ragged_dot(
-            rows, w3, sizes)
-        y = jax.lax.ragged_dot(h.astype(w2.dtype), w2, sizes)
+        y = grouped_swiglu(t[token], sizes, w1, w3, w2)
         scale = weights.reshape(-1)[order]
         dropped = jnp.zeros((), jnp.float32)
         if cap is not None:

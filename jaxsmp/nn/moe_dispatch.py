@@ -26,16 +26,21 @@ import jax
 import jax.numpy as jnp
 
 
+def grouped_swiglu(rows: jax.Array, sizes: jax.Array, w1, w3, w2) -> jax.Array:
+    """Rows grouped by expert (``sizes[e]`` consecutive rows each) through their experts'
+    SwiGLU, as grouped GEMMs (``jax.lax.ragged_dot``); rows past the groups give zero."""
+    rows = rows.astype(w1.dtype)
+    h = jax.nn.silu(jax.lax.ragged_dot(rows, w1, sizes)) * jax.lax.ragged_dot(rows, w3, sizes)
+    return jax.lax.ragged_dot(h.astype(w2.dtype), w2, sizes)
+
+
 def _local_experts(rows: jax.Array, expert: jax.Array, w1, w3, w2) -> jax.Array:
     """Each row through its local expert's SwiGLU (``expert`` = ``len(w1)``: an empty
     slot, output zero), in the rows' order."""
     local = w1.shape[0]
     order = jnp.argsort(expert, stable=True)
     sizes = jnp.bincount(expert, length=local + 1)[:local].astype(jnp.int32)
-    r = rows[order]
-    h = jax.nn.silu(jax.lax.ragged_dot(r, w1, sizes)) * jax.lax.ragged_dot(r, w3, sizes)
-    y = jax.lax.ragged_dot(h.astype(w2.dtype), w2, sizes)  # rows past the groups: zero
-    return y[jnp.argsort(order)]
+    return grouped_swiglu(rows[order], sizes, w1, w3, w2)[jnp.argsort(order)]
 
 
 def _slots(expert: jax.Array, sizes: jax.Array, local: int, capacity: int | None):
