@@ -112,6 +112,8 @@ STEP_HELP = {
                      "stage), spread (every stage on 1/pp of each microbatch) or auto",
     "context_parallel": "how attention spans the cp devices: ulysses (all-to-all over heads), "
                         "ring, or auto (on GPUs ulysses where the heads divide, else ring)",
+    "activation_gather": "MLP and vocabulary GEMMs keep weights split over sdp and gather "
+                         "the batch: auto (where that moves fewer bytes), always, never",
     "reduce_dtype": "dtype of the gradient reduce-scatter / all-reduce: fp32, bf16 (half the "
                     "bytes; accumulation stays fp32) or auto (bf16 with --precision bf16)",
 }

@@ -35,6 +35,11 @@ def plain_scan(apply: Callable, h: Any, params: nnx.State, args, *,
     return jax.lax.scan(remat(body, remat_policy), h, (params, jnp.arange(n)))[0]
 
 
+def local_linear(in_axis: str, out_axis: str, x, matmul: Callable, bias):
+    """A Linear on this device's batch: ``matmul(x) + bias``."""
+    return matmul(x) if bias is None else matmul(x) + bias
+
+
 @dataclass(frozen=True)
 class LayerContext:
     # ``scan_layers(apply, h, params, args[, active=n])``: how a Stack runs its local
@@ -60,6 +65,10 @@ class LayerContext:
     # data devices (a psum over its manual data axes), so that a loss of batch
     # statistics (the load-balancing loss) is the global batch's; identity outside a step.
     sum_over_data: Callable[[Any], Any] = lambda tree: tree
+    # ``linear(in_axis, out_axis, x, matmul, bias)``: how a Linear with those logical axes
+    # runs ``matmul(x) + bias``; the step's may run it over the sdp group's gathered
+    # batch with the weight left split (jaxsmp.train.activation_gather).
+    linear: Callable[..., Any] = local_linear
 
 
 _CURRENT = contextvars.ContextVar("jaxsmp_layer_context", default=LayerContext())

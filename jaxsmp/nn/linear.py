@@ -14,7 +14,8 @@ class Linear(nnx.Module):
     """``y = x @ kernel + bias`` with kernel axes ``(in_axis, out_axis)``. ``fp8``: the
     amax histories (:class:`~jaxsmp.nn.fp8.Fp8Meta`) that ``precision="fp8"`` adds
     (:func:`jaxsmp.train.fp8_state.with_fp8`); with them, inside an fp8 step the matmul
-    is :func:`~jaxsmp.nn.fp8.fp8_dot`."""
+    is :func:`~jaxsmp.nn.fp8.fp8_dot`. The step's context may run it over a gathered
+    batch (:class:`~jaxsmp.nn.LayerContext`'s ``linear``)."""
 
     def __init__(self, in_features: int, out_features: int, *, in_axis: str,
                  out_axis: str, rngs: nnx.Rngs, use_bias: bool = True,
@@ -24,13 +25,14 @@ class Linear(nnx.Module):
         self.bias = (logical_param(rngs, nnx.initializers.zeros, (out_features,), (out_axis,))
                      if use_bias else None)
         self.fp8 = None
+        self.in_axis, self.out_axis = in_axis, out_axis
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.kernel[...]
-        if self.fp8 is not None and current_layer_context().fp8:
-            y = fp8_dot(x.astype(kernel.dtype), kernel, self.fp8[...], kernel.dtype)
-        else:
-            y = jnp.einsum("...i,io->...o", x.astype(kernel.dtype), kernel)
-        if self.bias is not None:
-            y = y + self.bias[...]
-        return y
+        kernel, ctx = self.kernel[...], current_layer_context()
+
+        def matmul(x: jax.Array) -> jax.Array:
+            if self.fp8 is not None and ctx.fp8:
+                return fp8_dot(x.astype(kernel.dtype), kernel, self.fp8[...], kernel.dtype)
+            return jnp.einsum("...i,io->...o", x.astype(kernel.dtype), kernel)
+        bias = None if self.bias is None else self.bias[...]
+        return ctx.linear(self.in_axis, self.out_axis, x, matmul, bias)

@@ -68,6 +68,7 @@ class Explanation:
     fp8_gemms: tuple[str, ...]
     remat: Choice
     prefetch: Choice
+    activation_gather: Choice = Choice("none")
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -82,7 +83,8 @@ class Explanation:
                 ("pipeline", str(self.pipeline)), ("pipeline head", str(self.pipeline_head)),
                 ("collectives", str(self.collectives)),
                 ("precision", f"{self.precision}{fp8}"), ("remat", str(self.remat)),
-                ("prefetch", str(self.prefetch))]
+                ("prefetch", str(self.prefetch)),
+                ("batch gathers", str(self.activation_gather))]
         return "\n".join(f"{name:<17} {text}" for name, text in rows)
 
 
@@ -167,4 +169,5 @@ def explain_step(step, state, batch, body: Callable[[Any, Any], Any]) -> Explana
         context_parallel=cp, pipeline=pipeline, pipeline_head=head,
         collectives=_collectives(step._collectives(state), source, decisions),
         precision=precision, fp8_gemms=gemms, remat=Choice(options.remat),
-        prefetch=Choice("on" if prefetch else "off", prefetch_why))
+        prefetch=Choice("on" if prefetch else "off", prefetch_why),
+        activation_gather=_one(notes, "activation_gather", Choice("none traced")))

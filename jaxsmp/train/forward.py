@@ -23,6 +23,7 @@ from jaxsmp.nn.layer_context import LayerContext, layer_context
 from jaxsmp.nn.param import is_var
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline import vma
+from jaxsmp.train import activation_gather
 from jaxsmp.train.attention import local_attention
 from jaxsmp.train.embed_lookup import is_lookup_table, lookup_hook
 from jaxsmp.train.layer_scan import zero3_scan
@@ -68,18 +69,21 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
         tables = {id(v) for v in jax.tree.leaves(params, is_leaf=is_var)
                   if not is_stacked(v) and is_lookup_table(v, sdp_dim)}
         reduce = options.reduce_jnp_dtype
+        split = activation_gather.for_step(options, dict(mesh.shape), params, batch)
+        move = functools.partial(activation_gather.target_dim, split=split)
         top = gather_tree(params, dtype, collectives_name,
                           select=lambda v: not is_stacked(v) and id(v) not in tables,
-                          bucket=options.bucket, reduce_dtype=reduce)
+                          bucket=options.bucket, reduce_dtype=reduce, split=move)
         top = gather_tree(top, dtype, collectives_name, select=lambda v: id(v) in tables,
                           reduce_dtype=reduce)
         scan = functools.partial(
             zero3_scan, remat=options.remat, prefetch=options.prefetches(platform),
             branchless=mesh.shape["tp"] > 1,  # GSPMD's tp collectives sit inside a layer
+            kept=lambda w: [move(v) is not None for v in jax.tree.leaves(w, is_leaf=is_var)],
             gather=lambda s: gather_tree(s, dtype, collectives_name, bucket=options.bucket,
-                                         reduce_dtype=reduce),
+                                         reduce_dtype=reduce, split=move),
             scatter=lambda g, s: scatter_tree(g, s, dtype, collectives_name, options.bucket,
-                                              reduce))
+                                              reduce, split=move))
         cp = mesh.shape["cp"]
         if cp > 1:
             scan = over_context(scan, mesh, cp, ("cp", "tp") if options.sequence_parallel
@@ -91,7 +95,8 @@ def local_forward(fn: LossFn, graphdef: nnx.GraphDef, options: StepOptions,
                            attention=_attention(mesh, options.context_parallel,
                                                 attention_impl),
                            fp8=fp8, expert_axis="ep" if mesh.shape["ep"] > 1 else None,
-                           sum_over_data=_sum_over_data)
+                           sum_over_data=_sum_over_data,
+                           linear=functools.partial(activation_gather.split_linear, split))
         with layer_context(ctx):
             out = fn(nnx.merge(graphdef, top), batch)
         loss, metrics = out if isinstance(out, tuple) else (out, {})

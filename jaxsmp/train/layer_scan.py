@@ -57,8 +57,9 @@ class _Layer:
     backward from those residuals with the weights put back. Only float arguments
     get cotangents."""
 
-    def __init__(self, apply: Apply, policy: str, args: Sequence[Any]):
-        self.apply = remat(apply, policy)
+    def __init__(self, apply: Apply, policy: str, args: Sequence[Any],
+                 kept: Callable[[Any], list[bool]] = lambda w: []):
+        self.apply, self.kept = remat(apply, policy), kept
         self.floating = [i for i, a in enumerate(args) if _float(a)]
         self.layout: dict = {}
 
@@ -74,7 +75,9 @@ class _Layer:
             return self.apply(w, h, merged)
         out, pullback = jax.vjp(with_float, w, h, self.float_args(args))
         leaves, treedef = jax.tree.flatten(pullback)
-        weights = {id(x): k for k, x in enumerate(jax.tree.leaves(w))}
+        kept = self.kept(w)  # weights saved as they are, not gathered again
+        weights = {id(x): k for k, x in enumerate(jax.tree.leaves(w))
+                   if not (k < len(kept) and kept[k])}
         self.layout = {"treedef": treedef, "weights": [weights.get(id(x)) for x in leaves]}
         return out, [x for x in leaves if id(x) not in weights]
 
@@ -217,12 +220,15 @@ def _pipelined_backward(back, gather, scatter, shards, res, dy, n, zeros, add):
 def zero3_scan(apply: Apply, h: jax.Array, shards: Any, args: Sequence[Any], *,
                gather: Callable[[Any], Any], scatter: Callable[[Any, Any], Any],
                remat: str = "none", prefetch: bool = True, active: jax.Array | None = None,
-               branchless: bool = False) -> jax.Array:
+               branchless: bool = False,
+               kept: Callable[[Any], list[bool]] = lambda w: []) -> jax.Array:
     """``apply`` over the stacked local layer shards ``shards`` (leading axis: layers):
     ``gather(shard)`` gives one layer's full parameters, ``scatter(grads, shard)`` their
     gradients reduced to the shard; only the first ``active`` layers compute (see the
-    module docstring)."""
-    layer = _Layer(apply, remat, args)
+    module docstring). ``kept(w)`` flags the leaves of a gathered layer the forward
+    saves for the backward instead of the backward gathering them again (weights left
+    split over sdp by activation gathering: no larger than their shards)."""
+    layer = _Layer(apply, remat, args, kept)
     n = jax.tree.leaves(shards)[0].shape[0]
 
     @jax.custom_vjp  # ``active`` an argument: a custom VJP must not close over tracers

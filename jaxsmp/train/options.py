@@ -27,6 +27,7 @@ def _check_partition(value) -> None:
 
 
 HEADS = ("auto", "last", "spread")
+ACTIVATION_GATHER = ("auto", "always", "never")
 # the dtype of the gradient reduce-scatter over sdp and all-reduce over the data replicas
 REDUCE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
@@ -90,6 +91,12 @@ class StepOptions:
     all-reduce over the data replicas: ``fp32`` or ``bf16`` (half the bytes). ``None``:
     ``bf16`` with ``precision="bf16"``, else ``fp32``. Accumulation across microbatches
     and the optimizer stay float32 (docs/zero3-memory.md)."""
+    activation_gather: str = "auto"
+    """``auto``, ``always`` or ``never``: the MLP's and the vocabulary projection's GEMMs
+    keep their weights split over ``sdp`` and gather the batch instead, where that moves
+    fewer bytes than ZeRO-3's weight gathers (``auto``: a step of few tokens per width);
+    needs ``sdp`` as the only weight split and no fp8
+    (:mod:`jaxsmp.train.activation_gather`)."""
 
     def __post_init__(self) -> None:
         if self.pipeline not in SCHEDULES:
@@ -131,6 +138,9 @@ class StepOptions:
         if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"unknown reduce_dtype {self.reduce_dtype!r}; valid: "
                              f"{tuple(REDUCE_DTYPES)}")
+        if self.activation_gather not in ACTIVATION_GATHER:
+            raise ValueError(f"unknown activation_gather {self.activation_gather!r}; valid: "
+                             f"{ACTIVATION_GATHER}")
         if self.bucket not in (True, False):
             raise ValueError(f"bucket must be True or False, got {self.bucket!r}")
 

@@ -133,6 +133,35 @@ def _gather_bwd(dims, dtype, algorithm, flat, reduce_dtype, dtype_carriers, cota
 gather_shards.defvjp(_gather_fwd, _gather_bwd)
 
 
+def exchange(x: jax.Array, split: int, concat: int) -> jax.Array:
+    """An all-to-all over sdp: ``x``'s dimension ``split`` cut into p blocks, block j
+    sent to device j, the blocks received concatenated along ``concat`` in device order.
+    The blocks are exchanged on a leading axis and rearranged by explicit transposes:
+    an all-to-all that splits an inner dimension makes XLA:GPU ask its operand for a
+    layout with that dimension major, which layout assignment pushes back into the
+    parameter stacks (and their optimizer update)."""
+    p = jax.lax.axis_size("sdp")
+    shape = x.shape
+    blocks = x.reshape(*shape[:split], p, shape[split] // p, *shape[split + 1:])
+    got = jax.lax.all_to_all(jnp.moveaxis(blocks, split, 0), "sdp", 0, 0, tiled=True)
+    rest = list(got.shape[1:])
+    rest[concat] *= p
+    return jnp.moveaxis(got, 0, concat).reshape(rest)
+
+
+def to_split(value: jax.Array, sdp_dim: int, target: int, dtype) -> jax.Array:
+    """A shard split on ``sdp_dim`` moved to a split on ``target``, in ``dtype``; its
+    gradient is :func:`from_split` (autodiff of the all-to-all)."""
+    value = value.astype(dtype)
+    return value if sdp_dim == target else exchange(value, target, sdp_dim)
+
+
+def from_split(grad: jax.Array, sdp_dim: int, target: int, dtype) -> jax.Array:
+    """:func:`to_split`'s transpose: a gradient split on ``target`` back to the shard's
+    split on ``sdp_dim``, in ``dtype`` (no sum: it already holds the group's tokens)."""
+    return (grad if sdp_dim == target else exchange(grad, sdp_dim, target)).astype(dtype)
+
+
 def _bucketable(var: nnx.Variable, dtype) -> bool:
     """Small, and not split over tp (a flat view would need the whole tp group's data)."""
     value = var[...]
@@ -140,14 +169,16 @@ def _bucketable(var: nnx.Variable, dtype) -> bool:
     return gathered <= BUCKET_MAX_BYTES and not any("tp" in collectives.axis_names(d) for d in mesh_axes(var))
 
 
-def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], list[list[int]]]:
+def _groups(variables: list, dtype, select, bucket: bool,
+            moved=lambda v: None) -> tuple[list[int], list[list[int]]]:
     """(indices only cast to ``dtype``, groups of indices gathered together): selected
     float parameters not split over sdp are only cast; split ones share one bucket when
-    :func:`_bucketable`, else go alone. fp8 amax histories stay float32 and local."""
+    :func:`_bucketable`, else go alone; those ``moved`` names a dimension for are in
+    neither (:func:`to_split`). fp8 amax histories stay float32 and local."""
     cast, split = [], []
     for i, v in enumerate(variables):
         if (select(v) and jnp.issubdtype(v[...].dtype, jnp.floating)
-                and not isinstance(v, Fp8Meta)):
+                and not isinstance(v, Fp8Meta) and moved(v) is None):
             (split if sdp_dim(v) is not None else cast).append(i)
     flat = [i for i in split if bucket and _bucketable(variables[i], dtype)]
     return cast, ([flat] if flat else []) + [[i] for i in split if i not in flat]
@@ -155,16 +186,22 @@ def _groups(variables: list, dtype, select, bucket: bool) -> tuple[list[int], li
 
 def gather_tree(state: nnx.State, dtype, algorithm: str,
                 select: Callable[[nnx.Variable], bool] = lambda v: True,
-                bucket: bool = False, reduce_dtype=jnp.float32) -> nnx.State:
+                bucket: bool = False, reduce_dtype=jnp.float32,
+                split: Callable[[nnx.Variable], int | None] = lambda v: None) -> nnx.State:
     """The selected float parameters of ``state`` in ``dtype``, gathered over sdp: one
-    collective each, or with ``bucket`` one for all that :func:`_bucketable` admits.
-    Differentiable: the gradient is :func:`scatter_tree`'s reduce-scatter (in
-    ``reduce_dtype``)."""
+    collective each, or with ``bucket`` one for all that :func:`_bucketable` admits;
+    those ``split`` names a dimension for are moved to a split on it instead
+    (:func:`to_split`, activation gathering). Differentiable: the gradient is
+    :func:`scatter_tree`'s reduce-scatter (in ``reduce_dtype``)."""
     variables, treedef = jax.tree.flatten(state, is_leaf=is_var)
     out = list(variables)
-    cast, groups = _groups(variables, dtype, select, bucket)
+    moved = lambda v: split(v) if select(v) and not isinstance(v, Fp8Meta) else None
+    cast, groups = _groups(variables, dtype, select, bucket, moved)
     for i in cast:
         out[i] = variables[i].replace(variables[i][...].astype(dtype))
+    for i, v in enumerate(variables):
+        if moved(v) is not None:
+            out[i] = v.replace(to_split(v[...], sdp_dim(v), moved(v), dtype))
     for group in groups:
         dims = tuple(sdp_dim(variables[i]) for i in group)
         specs = [tp_spec(variables[i]) for i in group]
@@ -178,18 +215,24 @@ def gather_tree(state: nnx.State, dtype, algorithm: str,
 
 
 def scatter_tree(grads: nnx.State, shards: nnx.State, dtype, algorithm: str,
-                 bucket: bool = False, reduce_dtype=jnp.float32) -> nnx.State:
+                 bucket: bool = False, reduce_dtype=jnp.float32,
+                 split: Callable[[nnx.Variable], int | None] = lambda v: None) -> nnx.State:
     """Gradients of :func:`gather_tree`'s output (``grads``, full size) reduced to the
     parameter shards ``shards`` hold: reduce-scatters over sdp in ``reduce_dtype``, grouped as the
-    gather was, cast to the shards' dtypes (the transpose of ``gather_tree``, run by
-    hand where the step writes the backward pass itself)."""
+    gather was, and :func:`from_split` for those ``split`` moved, cast to the shards'
+    dtypes (the transpose of ``gather_tree``, run by hand where the step writes the
+    backward pass itself)."""
     variables, treedef = jax.tree.flatten(shards, is_leaf=is_var)
     values = [g[...] if is_var(g) else g for g in treedef.flatten_up_to(grads)]
     out = [v.replace(values[i] if isinstance(v, Fp8Meta)  # amax observations pass as they are
                      else jnp.zeros_like(v[...])) for i, v in enumerate(variables)]  # non-float
-    cast, groups = _groups(variables, dtype, lambda v: True, bucket)
+    moved = lambda v: None if isinstance(v, Fp8Meta) else split(v)
+    cast, groups = _groups(variables, dtype, lambda v: True, bucket, moved)
     for i in cast:
         out[i] = variables[i].replace(values[i].astype(variables[i][...].dtype))
+    for i, v in enumerate(variables):
+        if moved(v) is not None:
+            out[i] = v.replace(from_split(values[i], sdp_dim(v), moved(v), v[...].dtype))
     for group in groups:
         dims = tuple(sdp_dim(variables[i]) for i in group)
         specs = [tp_spec(variables[i]) for i in group]

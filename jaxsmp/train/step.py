@@ -28,7 +28,7 @@ from jaxsmp.nn.remat import check_offloads
 from jaxsmp.nn.stack import is_stacked
 from jaxsmp.pipeline.layout import check_enough
 from jaxsmp.pipeline.plan import PipelinePlan
-from jaxsmp.train import fp8_state, manual, stage_costs
+from jaxsmp.train import activation_gather, fp8_state, manual, stage_costs
 from jaxsmp.train.batch import place_batch
 from jaxsmp.train.explain import Explanation, explain_step
 from jaxsmp.train.forward import LossFn, local_forward
@@ -50,6 +50,10 @@ def _plan(state: TrainState, options: StepOptions, partition: Any = None,
     if options.context_parallel != "auto" and state.mesh.cp == 1:
         raise ValueError(f"context_parallel={options.context_parallel!r} splits sequences over "
                          f"cp, but the mesh has cp=1; use a mesh with cp > 1 or the default")
+    why = activation_gather.unsupported(dict(state.mesh.jax_mesh.shape), options)
+    if options.activation_gather == "always" and why:
+        raise ValueError(f"activation_gather='always' keeps the MLP and vocabulary weights "
+                         f"split over sdp alone, but {why}; use 'auto' or 'never'")
     if state.mesh.cp > 1 and state.mesh.pp > 1:
         raise ValueError(f"context parallelism (cp={state.mesh.cp}) with pipeline parallelism "
                          f"(pp={state.mesh.pp}) is not supported yet; use pp=1 or cp=1")

@@ -47,6 +47,12 @@ CASES = {
     "sdp8": ("l4", 16, dict(sdp=8), {}, True),
     "sdp8-micro2-remat-full": ("l4", 16, dict(sdp=8), dict(microbatches=2, remat="full"),
                                True),
+    # the MLP and head split over sdp, the batch gathered (auto picks the MLP alone on
+    # the tiny model, in every sdp case above and below)
+    "sdp8-activation-gather": ("l4", 16, dict(sdp=8), dict(activation_gather="always"),
+                               True),
+    "dp2-sdp4-activation-gather-micro2-remat": ("l4", 16, dict(dp=2, sdp=4), dict(
+        activation_gather="always", microbatches=2, remat="full"), False),
     "sdp4-tp2-seqpar-save-matmuls": ("l4", 16, dict(sdp=4, tp=2),
                                      dict(sequence_parallel=True, remat="save_matmuls"), False),
     "dp2-sdp2-tp2": ("l4", 16, dict(dp=2, sdp=2, tp=2), {}, False),

@@ -111,7 +111,7 @@ def test_a_cpu_step_explains_every_choice_in_its_text():
     lines = str(explained).splitlines()
     assert [line.split("  ")[0] for line in lines] == [
         "attention", "context parallel", "pipeline", "pipeline head", "collectives",
-        "precision", "remat", "prefetch"]
+        "precision", "remat", "prefetch", "batch gathers"]
     assert lines[0].startswith("attention         reference (auto: cpu: one float32 score")
 
 

@@ -1,5 +1,7 @@
 """ZeRO-3 at sdp=8: per-device state is 1/8, and the compiled step gathers one layer at
-a time.
+a time. Every weight is gathered here (``activation_gather="never"``): on the tiny model
+``auto`` keeps the MLP split and gathers its activations instead
+(``test_activation_gather.py``).
 
 Slack: 4 KiB for the batch, step counter, loss scale and RNG key (the arguments and
 outputs of the step besides parameters and optimizer state).
@@ -26,7 +28,8 @@ def _per_device_bytes(tree) -> int:
 
 def _compile(config, mesh, tokens):
     state = jaxsmp.init(config.build, optax.adamw(1e-3), mesh)
-    compiled = jaxsmp.step(causal_lm_loss).lower(state, {"tokens": tokens}).compile()
+    compiled = jaxsmp.step(causal_lm_loss, activation_gather="never").lower(
+        state, {"tokens": tokens}).compile()
     return state, compiled
 
 
@@ -88,7 +91,7 @@ def test_layers_are_gathered_one_at_a_time(compiled):
 
 
 def _gather_whole_stack(apply, h, shards, args, *, gather, scatter, remat, prefetch,
-                        branchless, active=None):
+                        branchless, active=None, kept=None):
     """The mutant: every layer's parameters gathered before the layer scan."""
     full = gather(shards)
 
@@ -111,13 +114,14 @@ def _temp_per_layer(config, tokens, **options) -> float:
     def temp(layers):
         c = config.replace(num_hidden_layers=layers)
         state = jaxsmp.init(c.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=8, collectives="xla"))
-        step = jaxsmp.step(causal_lm_loss, **options).lower(state, {"tokens": tokens})
+        step = jaxsmp.step(causal_lm_loss, activation_gather="never", **options).lower(
+            state, {"tokens": tokens})
         return step.compile().memory_analysis().temp_size_in_bytes
     return (temp(6) - temp(2)) / 4
 
 
 def _autodiff_scan(apply, h, shards, args, *, gather, scatter, remat, prefetch, branchless,
-                   active=None):
+                   active=None, kept=None):
     """The mutant: autodiff of a scan that gathers each layer, keeping every layer's
     gathered weights for the backward pass (jaxsmp before reshard-after-forward)."""
     def body(h, shard):
@@ -149,7 +153,7 @@ def test_prefetched_collectives_do_not_wait_for_the_layer_and_it_does_not_wait_f
     # compute nor feed it, so a GPU can run them beside it. The check fails without
     # prefetch, where each iteration gathers the weights it multiplies by.
     state = jaxsmp.init(config.build, optax.adamw(1e-3), jaxsmp.Mesh(sdp=8, collectives="xla"))
-    text = jaxsmp.step(causal_lm_loss, prefetch=prefetch).lower(
+    text = jaxsmp.step(causal_lm_loss, prefetch=prefetch, activation_gather="never").lower(
         state, {"tokens": tokens}).compile().as_text()
     found = {op: hlo.collective_dependencies(text, op) for op in ("all-gather", "reduce-scatter")}
     assert len(found["all-gather"]) == 2 and len(found["reduce-scatter"]) == 1  # fwd, bwd
