@@ -37,17 +37,12 @@ _BENCH = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _BENCH]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxsmp import xla_flags  # noqa: E402
-
-if "--no-flags" not in sys.argv:   # before the backend starts: XLA reads them once
-    os.environ["XLA_FLAGS"] = xla_flags.merged(os.environ.get("XLA_FLAGS", ""),
-                                               xla_flags.overlap_flags())
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxsmp  # noqa: E402
+from jaxsmp import xla_flags  # noqa: E402
 from jaxsmp.checkpoint import abstract_state  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
 from jaxsmp.plan import gpu_target, hlo_cost  # noqa: E402
@@ -60,8 +55,28 @@ import gspmd_fsdp  # noqa: E402
 MiB, GiB = 1 << 20, 1 << 30
 # (family, preset, overrides, sequence): Llama-2-7B and GPT-NeoX-20B widths
 WORKS = {"llama7b": ("llama", "7b", {}, 4096), "neox20b": ("gpt_neox", "20b", {}, 2048)}
-CONTENDERS = ("jaxsmp", "jaxsmp-prefetch", "jaxsmp-fp32", "gspmd", "gspmd-stack",
-              "gspmd-weights")
+
+
+def _set_flags(argv: list[str]) -> None:
+    """jaxsmp's GPU flags in ``XLA_FLAGS`` before the backend starts (XLA reads them
+    once), their combine thresholds sized to one layer of the largest selected work, as
+    the trainer sizes them (``jaxsmp.cli.entry``); none with ``--no-flags``."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--work", nargs="+", default=["llama7b"])
+    pre.add_argument("--all", action="store_true")
+    pre.add_argument("--no-flags", action="store_true")
+    known = pre.parse_known_args(argv)[0]
+    if known.no_flags:
+        return
+    from jaxsmp.plan.workload import Workload
+    works = sorted(WORKS) if known.all else [w for w in known.work if w in WORKS]
+    layer = max((Workload(_config(w, 1)[0], 128).layer_params * 2 for w in works),
+                default=xla_flags.DEFAULT_LAYER_BYTES)
+    xla_flags.apply(layer, gpu=True)
+
+
+CONTENDERS = ("jaxsmp", "jaxsmp-prefetch", "jaxsmp-fp32", "jaxsmp-never", "gspmd",
+              "gspmd-stack", "gspmd-weights")
 
 
 def _config(work: str, layers: int, seq: int | None = None):
@@ -80,6 +95,9 @@ def _width(config) -> gspmd_fsdp.Width:
                             "gelu" if "neox" in type(config).__name__.lower() else "swiglu")
 
 
+_set_flags(sys.argv[1:])
+
+
 def compile_contender(contender: str, work: str, mesh: str, remat: str, layers: int,
                       reduce_dtype: str = "bf16", seq: int | None = None):
     degrees = {k: int(v) for k, v in (p.split("=") for p in mesh.split(","))}
@@ -94,6 +112,8 @@ def compile_contender(contender: str, work: str, mesh: str, remat: str, layers: 
             options["prefetch"] = True
         if contender == "jaxsmp-fp32":
             options["reduce_dtype"] = "fp32"
+        if contender == "jaxsmp-never":   # ZeRO-3 weight gathers for every GEMM
+            options["activation_gather"] = "never"
         step = jaxsmp.step(causal_lm_loss, **options)
         tokens = {"tokens": jax.ShapeDtypeStruct((batch, seq), np.int32)}
         return gpu_target.compile_step(step, state, tokens, jmesh)
@@ -113,13 +133,15 @@ def analyse(compiled) -> dict:
     cluster = Cluster(node("p5.48xlarge"))
     by_kind, exposed, overlapped, total = collections.Counter(), 0.0, 0.0, 0.0
     layer_sized = {"synchronous": [], "not overlapped": []}   # gathers / scatters >= 1 MiB
+    for c, where in hlo_cost.exposed_collectives(text, rates(GPUS["H100-SXM"], "bf16")):
+        if c.kind in ("all-gather", "reduce-scatter") and c.nbytes >= MiB and c.group_size > 1:
+            layer_sized["not overlapped"].append(
+                f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB ({where})")
     for c in k.collectives:
         if c.group_size == 1:
             continue
-        if c.kind in ("all-gather", "reduce-scatter") and c.nbytes >= MiB:
-            where = "synchronous" if not c.asynchronous else "not overlapped"
-            if not c.overlapped:
-                layer_sized[where].append(f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB")
+        if c.kind in ("all-gather", "reduce-scatter") and c.nbytes >= MiB and not c.asynchronous:
+            layer_sized["synchronous"].append(f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB")
         nbytes = c.nbytes * c.count
         by_kind[f"{c.kind} {c.dtype}"] += nbytes / GiB
         total += nbytes

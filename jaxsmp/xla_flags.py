@@ -4,7 +4,8 @@ On import, when a CUDA plugin is installed and JAX's backend has not started, ja
 to ``XLA_FLAGS`` the flags below that the user did not set: the latency-hiding scheduler
 (so the step's prefetched all-gathers and delayed reduce-scatters run beside compute),
 pipelined all-gather / reduce-scatter / all-reduce across the layer loop, while-loop double
-buffering, and combine thresholds of about one layer's parameters. ``jaxsmp.cli`` sizes
+buffering, two collectives in flight at once (the next layer's gather beside the last
+one's reduce-scatter), and combine thresholds of about one layer's parameters. ``jaxsmp.cli`` sizes
 the thresholds to the model's layer before it starts the backend.
 
 XLA aborts at start on a flag name it does not know, and names change between releases:
@@ -28,7 +29,9 @@ _OVERLAP = ("--xla_gpu_enable_latency_hiding_scheduler=true",
             "--xla_gpu_enable_pipelined_reduce_scatter=true",
             "--xla_gpu_enable_pipelined_all_reduce=true",
             "--xla_gpu_enable_while_loop_double_buffering=true",
-            "--xla_gpu_enable_highest_priority_async_stream=true")
+            "--xla_gpu_enable_highest_priority_async_stream=true",
+            # a layer's gather and the previous layer's reduce-scatter both in flight
+            "--xla_gpu_experimental_parallel_collective_overlap_limit=2")
 _COMBINE = ("--xla_gpu_all_gather_combine_threshold_bytes",
             "--xla_gpu_reduce_scatter_combine_threshold_bytes",
             "--xla_gpu_all_reduce_combine_threshold_bytes")

@@ -359,3 +359,31 @@ def estimate(text: str, rates: Rates) -> KernelTime:
     """Per-device kernel seconds of one step of the compiled module ``text``."""
     computations, entry = parse(text)
     return _Coster(computations, rates).computation(entry)
+
+
+def exposed_collectives(text: str, rates: Rates) -> list[tuple[Collective, str]]:
+    """The asynchronous collectives of the module ``text`` with no GEMM or fused attention
+    between start and done, each with where it is: ``loop`` (a while loop's body),
+    ``first`` (the entry computation, before any compute: nothing to hide behind),
+    ``last`` (the entry computation, after all compute) or ``between``. Loops and calls
+    count as compute."""
+    computations, entry = parse(text)
+    coster = _Coster(computations, rates)
+    bodies = {b for instrs in computations.values() for i in instrs if i.op == "while"
+              for b in callees(i.attrs, "body")}
+    found = []
+    for comp, instrs in computations.items():
+        hidden = coster.overlapped(comp)
+        computing = [k for k, i in enumerate(instrs) if i.op in ("while", "call", "conditional")
+                     or coster.is_compute(comp, i)]
+        done = {o: k for k, i in enumerate(instrs) if i.op.endswith("-done") for o in i.operands}
+        for k, i in enumerate(instrs):
+            if (not i.op.endswith("-start") or i.op.removesuffix("-start") not in COLLECTIVES
+                    or i.name in hidden):
+                continue
+            where = ("loop" if comp in bodies else "between" if comp != entry
+                     else "first" if all(c > k for c in computing)
+                     else "last" if all(c < done.get(i.name, k) for c in computing)
+                     else "between")
+            found += [(c, where) for c in coster.collective(comp, i)]
+    return found

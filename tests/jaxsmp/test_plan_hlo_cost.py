@@ -2,7 +2,7 @@
 the dot inside a fusion, fused attention, sliced operands and in-place updates."""
 import pytest
 
-from jaxsmp.plan.hlo_cost import Rates, estimate, parse, replica_group
+from jaxsmp.plan.hlo_cost import Rates, estimate, exposed_collectives, parse, replica_group
 
 RATES = Rates(matmul_flops=1e12, attention_flops=5e11, hbm_bytes=1e9)
 
@@ -204,3 +204,46 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], c: f32[1024]) -> f32[128] {
     assert [(c.kind, c.dtype, c.overlapped) for c in found] == [
         ("reduce-scatter", "f32", True), ("reduce-scatter", "f32", False),
         ("all-reduce", "bf16", False)]
+
+
+def test_exposed_collectives_say_where_they_are():
+    """A gather before any compute is ``first``, a reduce-scatter after all of it
+    ``last``, one in a loop body with no GEMM beside it ``loop``; an overlapped one is
+    not listed."""
+    text = """%gemm (p0: bf16[64,128], p1: bf16[128,32]) -> bf16[64,32] {
+  %p0 = bf16[64,128]{1,0} parameter(0)
+  %p1 = bf16[128,32]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (bf16[64,128], bf16[128,32])) -> (bf16[64,128], bf16[128,32]) {
+  %t = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) parameter(0)
+  %x = bf16[64,128]{1,0} get-tuple-element(%t), index=0
+  %w = bf16[128,32]{1,0} get-tuple-element(%t), index=1
+  %s = (bf16[8,128]{1,0}, bf16[64,128]{1,0}) all-gather-start(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %d = bf16[64,128]{1,0} all-gather-done(%s)
+  %s2 = (bf16[8,128]{1,0}, bf16[64,128]{1,0}) all-gather-start(%x), replica_groups=[1,8]<=[8], dimensions={0}
+  %g = bf16[64,32]{1,0} fusion(%d, %w), kind=kCustom, calls=%gemm
+  %d2 = bf16[64,128]{1,0} all-gather-done(%s2)
+  ROOT %r = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) tuple(%d2, %w)
+}
+
+%cond (c: (bf16[64,128], bf16[128,32])) -> pred[] {
+  %c = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) parameter(0)
+  ROOT %k = pred[] constant(true)
+}
+
+ENTRY %main (a: bf16[8,128], b: bf16[128,32], e: f32[1024]) -> f32[128] {
+  %a = bf16[8,128]{1,0} parameter(0)
+  %b = bf16[128,32]{1,0} parameter(1)
+  %e = f32[1024]{0} parameter(2)
+  %s0 = (bf16[8,128]{1,0}, bf16[64,128]{1,0}) all-gather-start(%a), replica_groups=[1,8]<=[8], dimensions={0}
+  %d0 = bf16[64,128]{1,0} all-gather-done(%s0)
+  %i = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) tuple(%d0, %b)
+  %l = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) while(%i), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"2"}}
+  %s3 = ((f32[1024]{0}), f32[128]{0}) reduce-scatter-start(%e), replica_groups=[1,8]<=[8], dimensions={0}
+  ROOT %d3 = f32[128]{0} reduce-scatter-done(%s3)
+}"""
+    found = [(c.kind, where) for c, where in exposed_collectives(text, RATES)]
+    assert sorted(found) == [("all-gather", "first"), ("all-gather", "loop"),
+                             ("reduce-scatter", "last")], found
