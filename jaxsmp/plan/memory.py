@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
 from jaxsmp.plan import moe
+from jaxsmp.plan.activation_gather import planned
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.workload import Workload
 from jaxsmp.train.precision import precision_policy
@@ -111,11 +112,15 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     tokens = c.microbatch_size * w.seq_len // c.cp       # one microbatch, one device
     layers = math.ceil(w.layers / c.pp)
     gathers = c.sdp * c.cp > 1 or cbytes < 4             # else the shards are used as they are
-    layer = shards.layer_gathered * c.tp // tp if gathers else 0
-    top = shards.top_gathered * c.tp // tp if gathers else 0
+    # activation gathering: its kernels stay 1/sdp, kept for the backward pass
+    split = planned(w, c, tokens, cbytes)
+    unsplit = (1 - 1 / c.sdp)
+    layer = (shards.layer_gathered - unsplit * split.layer_weights) * c.tp // tp if gathers else 0
+    top = (shards.top_gathered - unsplit * split.top_weights) * c.tp // tp if gathers else 0
+    saved_split = cbytes * layers * split.layer_weights / c.sdp
     kept = _kept_layers(c, semantics, layers)
     accumulator = 4 * shards.local if c.grad_accum > 1 else 0
-    saved = _saved_activations(w, c, tokens, layers, tp, backend)
+    saved = _saved_activations(w, c, tokens, layers, tp, backend) + saved_split
     state = dict(params=4 * shards.local, optimizer=OPTIMIZER_BYTES_PER_PARAM * shards.local,
                  batch=4 * c.local_batch * w.seq_len, amax=amax_bytes(w, c),
                  framework=FRAMEWORK_BYTES if backend == "gpu" else 0.0)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
 from jaxsmp.plan import moe
+from jaxsmp.plan.activation_gather import planned
 from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.comm import (
@@ -102,12 +103,15 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp
-    per_layer = shards.layer_gathered * c.tp / split / zero
+    split_gemms = planned(w, c, tokens, cbytes)   # weights kept split, activations moved
+    per_layer = (shards.layer_gathered - split_gemms.layer_weights) * c.tp / split / zero
     gather = gather_seconds(cluster, zero, c.tp, cbytes * per_layer)
     # the gradient travels in the candidate's reduce_dtype (float32 or bf16)
     reduce_scatter = gather_seconds(cluster, zero, c.tp, c.reduce_bytes * per_layer)
     if not semantics.keeps_gathered(c.remat):
         reduce_scatter += gather    # gathered again for the backward pass
+    moved = split_gemms.seconds(cluster, c)   # forward and backward alike, roughly
+    gather, reduce_scatter = gather + moved / 2, reduce_scatter + moved / 2
     reductions = 4 if c.remat == "none" else 6   # 2 per Megatron layer pass
     tp = reductions * all_reduce_seconds(cluster, split, 1, tokens * w.hidden * cbytes)
     host = w.activations(c.remat, c.precision).host / split * tokens
@@ -218,9 +222,12 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
-    top = (gather_seconds(cluster, zero, c.tp, cbytes * shards.top_gathered / zero)
-           + gather_seconds(cluster, zero, c.tp, c.reduce_bytes * shards.top_gathered / zero))
     tokens = c.microbatch_size * w.seq_len // c.cp
+    split_gemms = planned(w, c, tokens, cbytes)
+    gathered = shards.top_gathered - split_gemms.top_weights
+    top = (gather_seconds(cluster, zero, c.tp, cbytes * gathered / zero)
+           + gather_seconds(cluster, zero, c.tp, c.reduce_bytes * gathered / zero)
+           + split_gemms.seconds(cluster, c, top=True))
     sends = 2 * c.virtual_chunks * stage_send_seconds(cluster, c, tokens * w.hidden * cbytes)
     pipeline = m * per_microbatch
     bubble = (pipeline + m * sends) * _bubble(c)

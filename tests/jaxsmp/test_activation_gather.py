@@ -105,3 +105,21 @@ def test_always_on_a_mesh_it_cannot_serve_is_refused_before_compiling():
 def test_an_unknown_mode_is_refused_when_the_step_is_declared():
     with pytest.raises(ValueError, match="unknown activation_gather 'sometimes'.*auto"):
         jaxsmp.step(causal_lm_loss, activation_gather="sometimes")
+
+
+@pytest.mark.parametrize("family, preset, seq, degrees, axes", [
+    ("gpt_neox", "20b", 2048, (1, 8, 1), {"mlp", "vocab"}),
+    ("llama", "7b", 4096, (1, 8, 1), set()),
+    ("gpt_neox", "20b", 2048, (1, 4, 2), set())])
+def test_the_planner_prices_what_the_step_picks(family, preset, seq, degrees, axes):
+    """The planner's candidates (jaxsmp.plan.activation_gather) take the step's own
+    choice: the widths of test_auto_gathers_activations_... above."""
+    from jaxsmp.plan import Candidate
+    from jaxsmp.plan.activation_gather import planned
+    from jaxsmp.plan.workload import Workload
+    config = jaxsmp.models.preset(family, preset).replace(num_hidden_layers=1)
+    dp, sdp, tp = degrees
+    candidate = Candidate(dp, sdp, tp, 1, 1, 1, "full", "bf16")
+    split = planned(Workload(config, seq), candidate, seq, 2)
+    assert split.axes == axes
+    assert (split.layer_weights > 0) == ("mlp" in axes)
