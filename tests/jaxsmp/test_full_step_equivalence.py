@@ -53,6 +53,10 @@ CASES = {
                                True),
     "dp2-sdp4-activation-gather-micro2-remat": ("l4", 16, dict(dp=2, sdp=4), dict(
         activation_gather="always", microbatches=2, remat="full"), False),
+    # jaxsmp's own prefetch (on GPUs where XLA does not pipeline): the moved shards are
+    # kept as residuals while the next layer's gather travels in the scan carry
+    "sdp8-activation-gather-prefetch-remat": ("l4", 16, dict(sdp=8), dict(
+        activation_gather="always", prefetch=True, remat="full"), False),
     "sdp4-tp2-seqpar-save-matmuls": ("l4", 16, dict(sdp=4, tp=2),
                                      dict(sequence_parallel=True, remat="save_matmuls"), False),
     "dp2-sdp2-tp2": ("l4", 16, dict(dp=2, sdp=2, tp=2), {}, False),
