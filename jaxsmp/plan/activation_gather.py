@@ -40,13 +40,11 @@ def planned(w: Workload, c: Candidate, tokens: int, cbytes: int) -> Split:
     axes, _ = step_rule.pick(kernels, "auto", tokens, c.sdp, c.remat)
     mine = [k for k in kernels if set(k[0]) & axes]
     p = c.sdp
-    layer, top = [], []
-    for k_axes, shape, stacked in mine:
-        count = step_rule.activation_collectives(k_axes, shape, stacked, c.remat)
-        found = layer if stacked else top
-        found += [(count, tokens * shape[k_axes.index("embed")] * cbytes),
-                  (2, math.prod(shape) / p / p * cbytes)]        # the shard moved, its gradient back
-        if "vocab" in k_axes:
-            found.append((2, tokens * shape[1] / p * cbytes))   # the logits' all-to-alls
-    return Split(axes, sum(math.prod(s) for _, s, st in mine if st),
-                 sum(math.prod(s) for _, s, st in mine if not st), tuple(layer), tuple(top))
+
+    def priced(stacked: bool) -> tuple:   # as all-gathers of 1/p of each buffer
+        return tuple((n, elements / p * cbytes) for k in mine if k[2] == stacked
+                     for n, elements in step_rule.transfers(k, tokens, p, c.remat))
+
+    def weights(stacked: bool) -> int:
+        return sum(math.prod(k[1]) for k in mine if k[2] == stacked)
+    return Split(axes, weights(True), weights(False), priced(True), priced(False))

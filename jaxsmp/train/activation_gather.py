@@ -128,22 +128,25 @@ def pick(kernels: list[Kernel], mode: str, tokens: int, p: int,
         if mode == "never" or not mine or any(s[PATTERNS[a]] % p for a, s, _ in mine):
             continue
         weights = sum((2 + stacked) * math.prod(s) for _, s, stacked in mine)
-        acts = sum(activation_collectives(axes, s, stacked, remat) * tokens * p
-                   * s[axes.index("embed")] + 2 * math.prod(s) / p
-                   for axes, s, stacked in mine)
-        if axis == "vocab":
-            acts += sum(2 * tokens * s[1] for _, s, _ in mine)
+        acts = sum(n * elements for k in mine for n, elements in transfers(k, tokens, p, remat))
         moved[axis] = (acts, weights)
         if mode == "always" or acts < weights:
             chosen.append(axis)
     return frozenset(chosen), moved
 
 
-def activation_collectives(axes: tuple, shape: tuple, stacked: bool, remat: str) -> int:
-    """Activation-sized collectives (all-gathers of the input or reduce-scatters of the
-    output) a split Linear runs per step: forward and backward, and the forward again
-    where remat recomputes a stacked layer."""
-    return 2 + (stacked and remat != "none")
+def transfers(kernel: Kernel, tokens: int, p: int, remat: str) -> list[tuple[int, float]]:
+    """(count, elements of each device's buffer) of the collectives one split kernel runs
+    per microbatch: all-gathers of its input or reduce-scatters of its output over the
+    group's batch (forward and backward, and the forward again where remat recomputes a
+    stacked layer), its shard moved there and back, and for the vocabulary projection
+    its logits' two all-to-alls."""
+    axes, shape, stacked = kernel
+    out = [(2 + (stacked and remat != "none"), tokens * p * shape[axes.index("embed")]),
+           (2, math.prod(shape) / p)]
+    if "vocab" in axes:
+        out.append((2, tokens * shape[1]))
+    return out
 
 
 def for_step(options: Any, mesh_shape: dict, params: nnx.State, batch: Any) -> frozenset:
