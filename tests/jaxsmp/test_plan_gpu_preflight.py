@@ -52,11 +52,11 @@ def test_the_memory_model_against_xla_gpu(remat, tolerance):
 @pytest.mark.parametrize("remat", ["full", "none"])
 def test_the_memory_model_follows_activation_gathering(remat):
     """GPT-NeoX-20B width, 4 layers, 2048 tokens per GPU on sdp=8: the step keeps the
-    MLP and head weights split (activation_gather="auto"), and so does the model. Priced
-    as weight gathering, it was 74% / 32% above XLA:GPU's temporaries (remat full /
-    none, with jaxsmp's GPU flags; docs/planner.md)."""
+    MLP and head weights split (activation_gather="auto"), and so does the model: its
+    peak within +2.1% / +0.6% of XLA:GPU's here (remat full / none). Priced as weight
+    gathering it is +27.8% / +19.5%, which 10% catches (jax 0.10.2)."""
     from jaxsmp.plan.search import load_model
     config = load_model("gpt_neox:20b").replace(num_hidden_layers=4)
     result = gpu_preflight(config, Candidate(1, 8, 1, 1, 1, 1, remat, "bf16"), 2048,
                            "H100-SXM")
-    assert abs(result.error) < 0.20, result.summary()
+    assert abs(result.error) < 0.10, result.summary()
