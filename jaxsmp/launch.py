@@ -22,6 +22,7 @@ import threading
 import time
 
 from jaxsmp.cli.preemption import PREEMPTED_EXIT_CODE
+from jaxsmp.simulated_devices import set_pool_size
 
 
 def _free_port() -> int:
@@ -36,6 +37,7 @@ def _env(process_id: int, hosts: int, devices: int, port: int) -> dict[str, str]
                JAXSMP_PROCESS_ID=str(process_id), JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} "
                          f"--xla_force_host_platform_device_count={devices}".strip())
+    set_pool_size(devices, env)
     return env
 
 

@@ -13,6 +13,9 @@ is mostly XLA:CPU compiling small programs, and this cuts a full-step test's CPU
 by about 40% (54 to 33 s measured). It changes no HLO pass: the optimized HLO, buffer
 assignment and ``memory_analysis()`` of a program compiled deviceless for H100 are
 identical with and without it; CPU programs run slower, which tiny tests do not feel.
+
+XLA:CPU's intra-op thread pool gets 8 threads per device (``jaxsmp.simulated_devices``
+says why: with one per device a pipeline step could hang).
 """
 import os
 
@@ -27,6 +30,9 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXSMP_COLLECTIVES_PROFILE_DIR"] = os.path.join(
     os.path.dirname(__file__), ".no-collectives-calibration")  # never created
+from jaxsmp.simulated_devices import set_pool_size  # after the variables above
+
+set_pool_size(8)  # XLA:CPU's thread pool, for these processes and their children
 
 
 @pytest.fixture

@@ -224,19 +224,44 @@ def _bounded(script: str, *args: str, timeout: int) -> str:
 def test_pipeline_with_remat_and_bf16(config, tokens, schedule):
     """Remat and mixed precision compose with the pipeline: its bf16 losses stay within
     2e-2 of the single-device bf16 run and training still descends. Both run in one
-    process, the single-device remat="full" steps first, as in a notebook. In that
-    order the pipeline's step hung in an XLA:CPU collective in CI and on a developer's
-    host (2026-11-22 to 25, jax 0.10.2; not alone, not after a remat="none" step).
-    Not reproduced since on a 2-core AMD EPYC (20 runs of this sequence, both schedules,
-    at the commits that hung too, loaded, on one core, with YNN fusions; the pipeline's
-    compiled HLO is the same with or without the earlier step), so the cause is unknown:
-    the bounded run turns a recurrence into a failure that shows XLA's stuck-rendezvous
-    warnings and the Python stacks, rather than a worker lost for 10 minutes."""
+    process, the single-device remat="full" steps first, as in a notebook. This step hung
+    in CI now and then (2026-11-22 to 26): XLA:CPU's thread pool, one thread per device,
+    filled with collectives waiting for participants queued behind them. Simulated
+    devices now get 8 threads each; the test below runs this sequence for 60 steps. The
+    bounded run turns any hang into a failure that shows XLA's stuck-rendezvous warnings
+    and the Python stacks, rather than a worker lost for 10 minutes."""
     import json
     ref, losses = json.loads(_bounded(_REMAT_BF16, schedule, timeout=300))
     assert config.num_hidden_layers == 4 and tokens.shape == (16, 32)  # as the script's
     np.testing.assert_allclose(losses, ref, rtol=2e-2)
     assert losses[-1] < losses[0]
+
+
+_MANY_STEPS = """
+import json, math
+import numpy as np
+import jaxsmp
+from conftest import single_device_mesh, train
+config = jaxsmp.models.preset("gpt_neox", "tiny", num_hidden_layers=4,
+                              attention_impl="reference")
+tokens = np.random.default_rng(0).integers(0, 256, (16, 32)).astype(np.int32)
+train(config, single_device_mesh(), tokens, precision="bf16", remat="full")
+runs = [train(config, jaxsmp.Mesh(pp=2, sdp=4), tokens, steps=20, microbatches=4,
+              pipeline="simple", precision="bf16", remat="full")[1] for _ in range(3)]
+print(json.dumps(runs))
+"""
+
+
+@pytest.mark.slow
+def test_sixty_pipeline_steps_do_not_starve_xla_cpu_thread_pool():
+    """The sequence that hung above, run for 60 pipeline steps. With XLA:CPU's default
+    pool (one thread per device: ``PJRT_NPROC=8``) 3 of 6 such runs hung on a 2-core
+    host, all 8 threads blocked in collectives whose last participants were queued
+    behind them; with 8 threads per device (``jaxsmp.simulated_devices``) none did in
+    760 steps."""
+    import json
+    runs = json.loads(_bounded(_MANY_STEPS, timeout=400))
+    assert all(r == runs[0] and np.isfinite(r).all() for r in runs), runs  # deterministic
 
 
 @pytest.mark.slow
