@@ -135,13 +135,13 @@ def analyse(compiled) -> dict:
     layer_sized = {"synchronous": [], "not overlapped": []}   # gathers / scatters >= 1 MiB
     for c, where in hlo_cost.exposed_collectives(text, rates(GPUS["H100-SXM"], "bf16")):
         if c.kind in ("all-gather", "reduce-scatter") and c.nbytes >= MiB and c.group_size > 1:
-            layer_sized["not overlapped"].append(
-                f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB ({where})")
+            name = f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB ({where})"
+            layer_sized["not overlapped"].append(name)
+            if not c.asynchronous:
+                layer_sized["synchronous"].append(name)
     for c in k.collectives:
         if c.group_size == 1:
             continue
-        if c.kind in ("all-gather", "reduce-scatter") and c.nbytes >= MiB and not c.asynchronous:
-            layer_sized["synchronous"].append(f"{c.kind} {c.dtype} {c.nbytes / MiB:.0f} MiB")
         nbytes = c.nbytes * c.count
         by_kind[f"{c.kind} {c.dtype}"] += nbytes / GiB
         total += nbytes

@@ -362,11 +362,12 @@ def estimate(text: str, rates: Rates) -> KernelTime:
 
 
 def exposed_collectives(text: str, rates: Rates) -> list[tuple[Collective, str]]:
-    """The asynchronous collectives of the module ``text`` with no GEMM or fused attention
-    between start and done, each with where it is: ``loop`` (a while loop's body),
-    ``first`` (the entry computation, before any compute: nothing to hide behind),
-    ``last`` (the entry computation, after all compute) or ``between``. Loops and calls
-    count as compute."""
+    """The collectives of the module ``text`` that no GEMM or fused attention runs beside:
+    the synchronous ones and the asynchronous ones with none between start and done
+    (``Collective.asynchronous`` tells which), each with where it is: ``loop`` (a while
+    loop's body), ``first`` (the entry computation, before any compute: nothing to hide
+    behind), ``last`` (the entry computation, after all compute) or ``between``. Loops
+    and calls count as compute."""
     computations, entry = parse(text)
     coster = _Coster(computations, rates)
     bodies = {b for instrs in computations.values() for i in instrs if i.op == "while"
@@ -378,8 +379,7 @@ def exposed_collectives(text: str, rates: Rates) -> list[tuple[Collective, str]]
                      or coster.is_compute(comp, i)]
         done = {o: k for k, i in enumerate(instrs) if i.op.endswith("-done") for o in i.operands}
         for k, i in enumerate(instrs):
-            if (not i.op.endswith("-start") or i.op.removesuffix("-start") not in COLLECTIVES
-                    or i.name in hidden):
+            if i.op.removesuffix("-start") not in COLLECTIVES or i.name in hidden:
                 continue
             where = ("loop" if comp in bodies else "between" if comp != entry
                      else "first" if all(c > k for c in computing)

@@ -1,7 +1,7 @@
 """The layer collectives of the step XLA:GPU compiles for 8 H100s (deviceless): the
 reduce-scatter runs in the step's ``reduce_dtype``; with the XLA flags jaxsmp sets on
-GPUs every layer's all-gather and reduce-scatter is asynchronous, with a GEMM beside it
-wherever one exists (slow)."""
+GPUs every layer's all-gather and reduce-scatter is asynchronous wherever compute could
+hide it, with a GEMM beside it wherever one exists (slow)."""
 import json
 import os
 import subprocess
@@ -65,8 +65,12 @@ def layer_collectives(tmp_path_factory):
 @pytest.mark.parametrize("mesh", ["sdp=8", "sdp=4,tp=2"])
 def test_every_layer_gather_and_reduce_scatter_is_asynchronous_on_h100(layer_collectives,
                                                                         mesh):
+    """Each layer-sized gather and reduce-scatter is a start / done pair, except at most
+    the step's first gather, before any compute (nothing to hide it behind): XLA 0.10
+    issues that one asynchronously, 0.11 and 0.12 synchronously."""
     r = layer_collectives[mesh]
-    assert r["synchronous"] == [], r
+    assert all(s.endswith("(first)") and s.startswith("all-gather")
+               for s in r["synchronous"]), r
     assert r["collectives"].get("reduce-scatter bf16", 0) > 0, r
 
 

@@ -208,9 +208,15 @@ ENTRY %main (a: bf16[64,128], b: bf16[128,32], c: f32[1024]) -> f32[128] {
 
 def test_exposed_collectives_say_where_they_are():
     """A gather before any compute is ``first``, a reduce-scatter after all of it
-    ``last``, one in a loop body with no GEMM beside it ``loop``; an overlapped one is
-    not listed."""
-    text = """%gemm (p0: bf16[64,128], p1: bf16[128,32]) -> bf16[64,32] {
+    ``last``, one in a loop body with no GEMM beside it ``loop``, as is a synchronous
+    one there; an overlapped one is not listed."""
+    text = """%add (x: bf16[], y: bf16[]) -> bf16[] {
+  %x = bf16[] parameter(0)
+  %y = bf16[] parameter(1)
+  ROOT %sum = bf16[] add(%x, %y)
+}
+
+%gemm (p0: bf16[64,128], p1: bf16[128,32]) -> bf16[64,32] {
   %p0 = bf16[64,128]{1,0} parameter(0)
   %p1 = bf16[128,32]{1,0} parameter(1)
   ROOT %dot.1 = bf16[64,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
@@ -225,7 +231,8 @@ def test_exposed_collectives_say_where_they_are():
   %s2 = (bf16[8,128]{1,0}, bf16[64,128]{1,0}) all-gather-start(%x), replica_groups=[1,8]<=[8], dimensions={0}
   %g = bf16[64,32]{1,0} fusion(%d, %w), kind=kCustom, calls=%gemm
   %d2 = bf16[64,128]{1,0} all-gather-done(%s2)
-  ROOT %r = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) tuple(%d2, %w)
+  %y = bf16[64,128]{1,0} all-reduce(%d2), replica_groups=[1,8]<=[8], to_apply=%add
+  ROOT %r = (bf16[64,128]{1,0}, bf16[128,32]{1,0}) tuple(%y, %w)
 }
 
 %cond (c: (bf16[64,128], bf16[128,32])) -> pred[] {
@@ -244,6 +251,7 @@ ENTRY %main (a: bf16[8,128], b: bf16[128,32], e: f32[1024]) -> f32[128] {
   %s3 = ((f32[1024]{0}), f32[128]{0}) reduce-scatter-start(%e), replica_groups=[1,8]<=[8], dimensions={0}
   ROOT %d3 = f32[128]{0} reduce-scatter-done(%s3)
 }"""
-    found = [(c.kind, where) for c, where in exposed_collectives(text, RATES)]
-    assert sorted(found) == [("all-gather", "first"), ("all-gather", "loop"),
-                             ("reduce-scatter", "last")], found
+    found = [(c.kind, c.asynchronous, where) for c, where in exposed_collectives(text, RATES)]
+    assert sorted(found) == [("all-gather", True, "first"), ("all-gather", True, "loop"),
+                             ("all-reduce", False, "loop"), ("reduce-scatter", True, "last")
+                             ], found
