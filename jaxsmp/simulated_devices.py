@@ -2,14 +2,15 @@
 
 XLA:CPU runs every simulated device's collectives on one shared intra-op thread pool
 (``tf_XLAEigen``), whose threads block in each collective's rendezvous until all its
-participants arrive. The pool has one thread per device by default (at least), but one
-device can be inside several collectives at once (one in a pipeline's loop, one outside
-it), so a pipeline step over 8 devices could fill all 8 threads with collectives whose
-last participants were still queued behind them: a hang, in 3 of 6 runs of 60
-``pp=2, sdp=4`` steps on a 2-core host (jax 0.10.2; none in 760 steps with the pool
-below). XLA sizes the pool from the
-``PJRT_NPROC`` environment variable, read when the CPU backend starts; jaxsmp sets it to
-:data:`THREADS_PER_DEVICE` threads per simulated device unless the user set it.
+participants arrive. The pool has as many threads as the host has cores or devices,
+whichever is more (8 for 8 devices on 2 cores), but one device can be inside several
+collectives at once (one in a pipeline's loop, one outside it), so a pipeline step over
+8 devices could fill all 8 threads with collectives whose last participants were still
+queued behind them: a hang, in 3 of 6 runs of 60 ``pp=2, sdp=4`` steps on a 2-core host
+(jax 0.10.2; none in 760 steps with the pool below). XLA sizes the pool from the
+``PJRT_NPROC`` environment variable (or the devices, if more), read when the CPU backend
+starts; jaxsmp sets it to :data:`THREADS_PER_DEVICE` threads per simulated device unless
+the user set it.
 """
 from __future__ import annotations
 
