@@ -238,7 +238,7 @@ def test_pipeline_with_remat_and_bf16(config, tokens, schedule):
 
 
 _MANY_STEPS = """
-import json, math
+import json
 import numpy as np
 import jaxsmp
 from conftest import single_device_mesh, train
@@ -258,7 +258,7 @@ def test_sixty_pipeline_steps_do_not_starve_xla_cpu_thread_pool():
     pool (one thread per device: ``PJRT_NPROC=8``) 3 of 6 such runs hung on a 2-core
     host, all 8 threads blocked in collectives whose last participants were queued
     behind them; with 8 threads per device (``jaxsmp.simulated_devices``) none did in
-    760 steps."""
+    760 steps. ``PJRT_NPROC=8 pytest -m slow -k sixty`` runs it with the old pool."""
     import json
     runs = json.loads(_bounded(_MANY_STEPS, timeout=400))
     assert all(r == runs[0] and np.isfinite(r).all() for r in runs), runs  # deterministic

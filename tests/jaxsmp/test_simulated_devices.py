@@ -16,13 +16,9 @@ def test_pool_size_is_set_per_device_unless_the_user_chose_one():
     assert env == {POOL_SIZE_VAR: "3"}
 
 
-def test_local_launcher_sizes_each_process_pool():
-    saved = os.environ.pop(POOL_SIZE_VAR, None)
-    try:
-        env = launch._env(process_id=1, hosts=2, devices=4, port=1234)
-    finally:
-        if saved is not None:
-            os.environ[POOL_SIZE_VAR] = saved
+def test_local_launcher_sizes_each_process_pool(monkeypatch):
+    monkeypatch.delenv(POOL_SIZE_VAR, raising=False)
+    env = launch._env(process_id=1, hosts=2, devices=4, port=1234)
     assert env[POOL_SIZE_VAR] == str(4 * THREADS_PER_DEVICE)
 
 
