@@ -40,7 +40,7 @@ from jaxsmp.models.gpt_neox import GPTNeoXConfig
 from jaxsmp.plan import Candidate, cluster, evaluate, plan
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
-from jaxsmp.plan.hardware import GB, GPU, Cluster, GiB, Node
+from jaxsmp.plan.hardware import GB, GPU, H100_NCCL_SMS, Cluster, GiB, Node
 from jaxsmp.plan.search import _workload
 
 MPT = "https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md"
@@ -80,7 +80,8 @@ GPU_NODE = {"a100_80": "8xA100-80GB+1600Gbps", "a100_40": "8xA100-40GB+1600Gbps"
 OWN_NODES = {"8xH100-96GB+3200Gbps": Node(
     "8xH100-96GB+3200Gbps",
     GPU("H100-96GB", 989e12, 96 * GiB, 2400 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
-        "torchtitan docs/performance.md: H100 96 GB HBM2e, 2.4 TB/s", fp8_flops=1979e12),
+        "torchtitan docs/performance.md: H100 96 GB HBM2e, 2.4 TB/s", fp8_flops=1979e12,
+        collective_sm_share=H100_NCCL_SMS),
     8, 3200, 25 * GB, "torchtitan docs/performance.md: Grand Teton, 400 Gb/s per GPU")}
 
 

@@ -87,8 +87,9 @@ candidate's ``reduce_dtype``: the step's default, bf16 with bf16 compute, else f
 layer and microbatch use the cost model's best algorithm on the sdp group's topology
 (sharing the host's network with the other groups of the host), plus a launch cost per
 collective call; with prefetch they hide behind a fitted share (``overlap``) of the
-compute beside them, and the first gather and last reduce-scatter of each microbatch
-have nothing to hide behind; else they add. Megatron TP adds two all-reduces per layer
+compute beside them, which meanwhile runs without the SMs NCCL's kernels hold
+(``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on H100), and the first gather
+and last reduce-scatter of each microbatch have nothing to hide behind; else they add. Megatron TP adds two all-reduces per layer
 pass; pipelines add one send per microbatch and chunk boundary and the schedule
 simulator's bubble; dp adds one all-reduce of the gradient shards per step (in
 ``reduce_dtype``). The
@@ -100,7 +101,8 @@ divides by the data-sheet peak.
 
 What it leaves out: kernel launches in the analytic model (the compiled estimate has
 them; small models are launch-bound), contention between overlapped collectives and
-compute beyond the fitted overlap, stragglers, data loading. No GPU measurement of
+compute beyond the SMs NCCL holds (HBM bandwidth, a GEMM's last wave), stragglers, data
+loading. No GPU measurement of
 jaxsmp itself exists yet: the fitted constants describe the published frameworks'
 runs, and a jaxsmp measurement should become the first calibration point.
 """

@@ -14,6 +14,13 @@ from jaxsmp.checks import positive_int
 
 GiB = 1 << 30
 GB = 1e9
+# SMs a running collective holds: NCCL launches one thread block per channel, and its
+# blocks never share an SM with compute kernels (NCCL's maintainer in
+# https://github.com/NVIDIA/nccl/issues/689: 16 SMs on a DGX A100 with 8 NICs, of 108);
+# on H100 an FSDP all-gather was
+# measured launching 24 blocks of 132 SMs (NVIDIA developer forums, 2025: "Compute-
+# Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect").
+A100_NCCL_SMS, H100_NCCL_SMS = 16 / 108, 24 / 132
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,10 @@ class GPU:
     ``matmul_efficiency``:
     the largest measured fraction of it a matmul reaches; ``attention_efficiency``: the
     fraction FlashAttention's forward + backward reaches; ``memory_bytes`` / ``hbm_bandwidth``
-    (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction."""
+    (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction;
+    ``collective_sm_share``: the fraction of its SMs NCCL's kernels hold while a collective
+    runs (its thread blocks never share an SM with compute kernels), which the compute
+    beside an overlapped collective loses."""
     name: str
     peak_flops: float
     memory_bytes: float
@@ -34,6 +44,7 @@ class GPU:
     tf32_flops: float
     source: str = ""
     fp8_flops: float = 0.0
+    collective_sm_share: float = A100_NCCL_SMS
 
     def flops(self, precision: str) -> float:
         """Peak matmul FLOP/s of the compute dtype of ``precision``: XLA:GPU runs float32
@@ -116,9 +127,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("A100-80GB", 312e12, 80 * GiB, 2039 * GB, 300 * GB, 0.859, 0.55, 156e12,
         "NVIDIA A100 data sheet (SXM4 80GB)"),
     GPU("H100-SXM", 989e12, 80 * GiB, 3350 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
-        "NVIDIA H100 data sheet (SXM5)", fp8_flops=1979e12),
+        "NVIDIA H100 data sheet (SXM5)", fp8_flops=1979e12,
+        collective_sm_share=H100_NCCL_SMS),
     GPU("H200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
-        "NVIDIA H200 data sheet (SXM)", fp8_flops=1979e12),
+        "NVIDIA H200 data sheet (SXM)", fp8_flops=1979e12,
+        collective_sm_share=H100_NCCL_SMS),
 )}
 
 NODES: dict[str, Node] = {n.name: n for n in (

@@ -36,7 +36,8 @@ def _label(p: Plan) -> str:
 
 def _shares(p: Plan) -> str:
     t = p.time
-    parts = {"compute": t.compute, "exposed sdp collectives": t.sdp, "tp all-reduces": t.tp,
+    parts = {"compute": t.compute, "exposed sdp collectives": t.sdp,
+             "compute lost to hidden collectives": t.contention, "tp all-reduces": t.tp,
              "pipeline sends": t.pp, "pipeline bubble": t.bubble, "dp all-reduce": t.dp,
              "optimizer": t.optimizer, "offload transfers": t.offload,
              "cp attention transfers": t.cp, "ep all-to-alls": t.ep}

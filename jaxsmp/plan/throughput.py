@@ -5,8 +5,9 @@ matmul rate, or their bytes at HBM bandwidth), FlashAttention (executed causal F
 its rate) and memory-bound work (the layer's activation traffic, scaled per family to
 what the compiled program moves, :mod:`jaxsmp.plan.calibration`); collectives come from
 :class:`collectives.CostModel` on the mesh axis' topology plus a launch cost per call.
-Prefetched ZeRO-3 collectives hide behind ``overlap`` of the compute beside them; the
-first gather and the last reduce-scatter of each microbatch have nothing to hide behind.
+Prefetched ZeRO-3 collectives hide behind ``overlap`` of the compute beside them, which
+runs on the SMs NCCL's kernels leave it (``GPU.collective_sm_share``); the first gather
+and the last reduce-scatter of each microbatch have nothing to hide behind.
 See :mod:`jaxsmp.plan` for the assumptions and their sources.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class StepTime:
     optimizer: float
     offload: float       # host transfers not hidden behind compute
     ep: float = 0.0      # a mixture of experts' all-to-alls over ep (exposed)
+    contention: float = 0.0  # compute slowed by the SMs hidden sdp collectives hold
     stages: tuple[int, ...] = ()  # layers per (virtual) pipeline stage, as the step splits
     spread_head: bool = False     # 1F1B runs the head on every stage (pipeline_head)
 
@@ -138,6 +140,13 @@ def _overlapped(layer: _Layer, semantics: Semantics,
     return compute, exposed, max(0.0, layer.offload - compute)
 
 
+def _contention(layer: _Layer, compute: float, exposed: float, share: float) -> float:
+    """Seconds the compute of one layer loses to the sdp collectives it hides: while one
+    runs, NCCL's thread blocks hold ``share`` of the SMs (they never share one with a
+    compute kernel), so the compute beside it runs ``share`` slower for that long."""
+    return share * min(layer.gather + layer.reduce_scatter - exposed, compute)
+
+
 def _edges(layer: _Layer, overlap: float) -> float:
     """What the per-layer overlap hid of the first gather and the last reduce-scatter of
     a microbatch, which have no compute beside them."""
@@ -213,12 +222,15 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     layer = _layer(w, c, cluster, semantics, fitted)
     compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
     edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
+    share = cluster.node.gpu.collective_sm_share
+    contention = _contention(layer, compute, exposed, share)
     m = c.microbatches
-    per_layer = compute + exposed + layer.tp + layer.cp + layer.ep + offload
+    per_layer = compute + exposed + contention + layer.tp + layer.cp + layer.ep + offload
     head = _head(w, c, cluster, fitted)
     split, spread = _stage_split(w, c, layer, per_layer, head)
     layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers, spread)
-    per_microbatch = layers * per_layer + edges
+    # the edges were counted hidden (and contending) in each layer; they are exposed
+    per_microbatch = layers * per_layer + edges - share * edges
     shards = w.shards(c.mesh_shape)
     cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
     zero = c.sdp * c.cp
@@ -242,7 +254,8 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         dp=_replica_reduction(c, cluster, shards),
         optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload,
-        cp=m * layers * layer.cp, ep=m * layers * layer.ep, stages=split,
+        cp=m * layers * layer.cp, ep=m * layers * layer.ep,
+        contention=m * (layers * contention - share * edges), stages=split,
         spread_head=spread)
 
 

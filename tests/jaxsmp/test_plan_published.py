@@ -54,37 +54,39 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 29.8%; 7 of 76 rows beyond 20%: MPT-70b on 64 A100-40GB "
-    "(+30%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MaxText "
-    "Llama 3 70B (-27%), llm-foundry's MPT-13b on H100 without activation checkpointing "
-    "at microbatch 2 (+21% to +26%) and MPT-13b on 8 A100-80GB at 4096 tokens (-21%)"))
+    "largest held-out error 26.9%; 4 of 76 rows beyond 20%: MPT-70b on 64 A100-40GB "
+    "(+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MaxText "
+    "Llama 3 70B (-25%), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
+    "16- and 64-GPU rows) and MPT-760m on 8 H100 (+21%: 8% slower than its 16-GPU row)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "4 of 20 series: where the microbatch changes along the series the published runs "
-    "gain more than the planner predicts: MPT-70b A100-40GB (64 -> 128 GPUs, microbatch "
-    "2 -> 4) +36% against +2%, MPT-13b A100-40GB (8 -> 128) +18% against +2%, MPT-70b "
-    "H100 (32 -> 64, 2 -> 8) +18% against +4%, MPT-30b H100 (8 -> 32, 3 -> 14) +15% "
-    "against +4%"))
+    "2 of 20 series, where the microbatch grows along the series: MPT-70b A100-40GB "
+    "(64 -> 128 GPUs, microbatch 2 -> 4) +36% against +4%, MPT-13b A100-40GB (8 -> 128, "
+    "4 -> 16) +18% against +2%"))
 def test_every_series_trend_is_within_10_points_of_the_published_one(result):
     assert all(abs(pred - pub) <= 0.10 for pub, pred, _ in result["series"].values())
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "6 of 20 series trends have the other sign, each within 8 points: the published "
-    "runs lose 2% to 5% from one node to 8 or 16 (MPT-760m on H100 gains 8%) where the "
-    "planner, its collectives hidden behind compute, predicts -0.1% to +0.6%"))
+    "3 of 20 series trends have the other sign, each within 8 points: MPT-1b H100 (1 -> 8 "
+    "nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
+    "+0.2% and +0.3%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) where it "
+    "predicts -0.3%"))
 def test_every_series_trend_has_the_published_sign(result):
     assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
 
 
 @pytest.mark.slow
-def test_trends_match_in_sign_or_are_within_8_points_and_most_within_10(result):
+def test_what_holds_today_does_not_get_worse(result):
     """What holds today, so that it does not get worse unnoticed."""
     series = result["series"].values()
     assert all((pub > 0) == (pred > 0) or abs(pred - pub) < 0.08 for pub, pred, _ in series)
-    assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 4
+    assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 3
+    assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
+    assert result["worst"] < 0.27
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 4

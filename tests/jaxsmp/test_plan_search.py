@@ -56,3 +56,18 @@ def test_models_load_from_presets_configs_and_hugging_face_config_files(tmp_path
 def test_batches_that_split_over_nothing_are_clear_errors():
     with pytest.raises(ValueError, match="global_batch must be a positive integer"):
         plan(TINY, cluster("p4d.24xlarge", 1), seq_len=64, global_batch=0)
+
+
+def test_the_4_node_example_config_is_the_planners_first_choice():
+    """examples/configs/llama2_7b_4x8gpu.toml says it is the planner's first choice for
+    its model, cluster and batch: its mesh, microbatches and remat are that plan's."""
+    import tomllib
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "examples/configs/llama2_7b_4x8gpu.toml"
+    cfg = tomllib.loads(path.read_text())
+    best = plan("llama:7b", cluster("p4de.24xlarge", 4), seq_len=cfg["train"]["seq_len"],
+                global_batch=cfg["train"]["batch_size"], top=1)[0].candidate
+    mesh = {axis: cfg["mesh"].get(axis, 1) for axis in ("dp", "sdp", "tp", "pp")}
+    assert mesh == {"dp": best.dp, "sdp": best.sdp, "tp": best.tp, "pp": best.pp}
+    assert cfg["step"]["microbatches"] == best.microbatches
+    assert cfg["step"]["remat"] == best.remat and cfg["step"]["precision"] == best.precision

@@ -187,3 +187,29 @@ def test_a_heavy_head_is_spread_when_the_microbatch_divides_and_the_report_says_
                                 can_spread=False)
     assert (tp._lockstep(c, plan.time.stages, layer, per_layer, head, True)
             < tp._lockstep(c, last.counts, layer, per_layer, head))
+
+
+def test_hidden_collectives_slow_the_compute_beside_them_by_nccls_sm_share():
+    """While a hidden sdp collective runs, NCCL's thread blocks hold the GPU's
+    ``collective_sm_share`` of the SMs: the step pays that share of the hidden time (not
+    of the exposed time, nor of the microbatch's first gather and last reduce-scatter,
+    which nothing hides), and nothing where no collective overlaps compute."""
+    from dataclasses import replace
+
+    from jaxsmp.plan import COMPILED, throughput as tp
+    from jaxsmp.plan.hardware import Cluster
+    c = Candidate(1, 128, 1, 1, 2, 4, "full")
+    share = P4D.node.gpu.collective_sm_share
+    assert share == pytest.approx(16 / 108)
+    free = Cluster(replace(P4D.node, gpu=replace(P4D.node.gpu, collective_sm_share=0.0)), 16)
+    step, without = estimate_time(W, c, P4D), estimate_time(W, c, free)
+    assert without.contention == 0
+    assert step.total - without.total == pytest.approx(step.contention)
+    layer = tp._layer(W, c, P4D, TARGET, tp.FITTED)
+    compute, exposed, _ = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
+    hidden = layer.gather + layer.reduce_scatter - exposed
+    assert 0 < hidden < compute
+    edges = tp._edges(layer, tp.FITTED.overlap)
+    assert step.contention == pytest.approx(
+        share * c.microbatches * (W.layers * hidden - edges))
+    assert estimate_time(W, c, P4D, COMPILED).contention == 0   # no prefetch: all exposed
