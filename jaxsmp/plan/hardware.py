@@ -17,9 +17,9 @@ GB = 1e9
 # SMs a running collective holds: NCCL launches one thread block per channel, and its
 # blocks never share an SM with compute kernels (NCCL's maintainer in
 # https://github.com/NVIDIA/nccl/issues/689: 16 SMs on a DGX A100 with 8 NICs, of 108);
-# on H100 an FSDP all-gather was
-# measured launching 24 blocks of 132 SMs (NVIDIA developer forums, 2025: "Compute-
-# Communication Overlap Causes Severe GEMM Performance Degradation because of Tail Effect").
+# on H100 an FSDP all-gather was measured launching 24 blocks of 132 SMs (NVIDIA
+# developer forums, 2025: "Compute-Communication Overlap Causes Severe GEMM Performance
+# Degradation because of Tail Effect").
 A100_NCCL_SMS, H100_NCCL_SMS = 16 / 108, 24 / 132
 
 
