@@ -89,10 +89,10 @@ layer and microbatch use the cost model's best algorithm on the sdp group's topo
 collective call; with prefetch they hide behind a fitted share (``overlap``) of the
 compute beside them, which meanwhile runs without the SMs NCCL's kernels hold
 (``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on H100), and the first gather
-and last reduce-scatter of each microbatch have nothing to hide behind; else they add. Megatron TP adds two all-reduces per layer
-pass; pipelines add one send per microbatch and chunk boundary and the schedule
-simulator's bubble; dp adds one all-reduce of the gradient shards per step (in
-``reduce_dtype``). The
+and last reduce-scatter of each microbatch have nothing to hide behind; else they add.
+Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
+and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
+gradient shards per step (in ``reduce_dtype``). The
 three fitted constants come from ``bench/plan_vs_published.py --fit`` on the 8 runs it
 names (``FIT``: every third of its first list); it reports the error on the 76 others,
 scaling series over node counts included (docs/planner.md, "How accurate it is"). Model TFLOP/s use
@@ -102,9 +102,9 @@ divides by the data-sheet peak.
 What it leaves out: kernel launches in the analytic model (the compiled estimate has
 them; small models are launch-bound), contention between overlapped collectives and
 compute beyond the SMs NCCL holds (HBM bandwidth, a GEMM's last wave), stragglers, data
-loading. No GPU measurement of
-jaxsmp itself exists yet: the fitted constants describe the published frameworks'
-runs, and a jaxsmp measurement should become the first calibration point.
+loading. No GPU measurement of jaxsmp itself exists yet: the fitted constants describe
+the published frameworks' runs, and a jaxsmp measurement should become the first
+calibration point.
 """
 from __future__ import annotations
 

@@ -147,6 +147,16 @@ def _contention(layer: _Layer, compute: float, exposed: float, share: float) -> 
     return share * min(layer.gather + layer.reduce_scatter - exposed, compute)
 
 
+def _per_layer(layer: _Layer, semantics: Semantics, overlap: float,
+               share: float) -> tuple[float, float, float, float, float]:
+    """One layer of one microbatch on the critical path: (its seconds in all, compute,
+    exposed sdp collectives, compute lost to the hidden ones, exposed offload)."""
+    compute, exposed, offload = _overlapped(layer, semantics, overlap)
+    contention = _contention(layer, compute, exposed, share)
+    total = compute + exposed + contention + layer.tp + layer.cp + layer.ep + offload
+    return total, compute, exposed, contention, offload
+
+
 def _edges(layer: _Layer, overlap: float) -> float:
     """What the per-layer overlap hid of the first gather and the last reduce-scatter of
     a microbatch, which have no compute beside them."""
@@ -220,12 +230,11 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         raise ValueError(f"candidate {c.label()} uses {c.world} devices; the cluster has "
                          f"{cluster.world}")
     layer = _layer(w, c, cluster, semantics, fitted)
-    compute, exposed, offload = _overlapped(layer, semantics, fitted.overlap)
     edges = _edges(layer, fitted.overlap) if semantics.prefetch else 0.0
     share = cluster.node.gpu.collective_sm_share
-    contention = _contention(layer, compute, exposed, share)
+    per_layer, compute, exposed, contention, offload = _per_layer(
+        layer, semantics, fitted.overlap, share)
     m = c.microbatches
-    per_layer = compute + exposed + contention + layer.tp + layer.cp + layer.ep + offload
     head = _head(w, c, cluster, fitted)
     split, spread = _stage_split(w, c, layer, per_layer, head)
     layers, head_here, busy = _busiest(c, split, per_layer, head, w.layers, spread)

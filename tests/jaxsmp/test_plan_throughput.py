@@ -144,8 +144,8 @@ def test_pipeline_stages_are_split_as_the_step_splits_them():
     step = estimate_time(heavy, c, P4D)
     assert sum(step.stages) == 24 and step.stages[-1] < max(step.stages)
     layer = tp._layer(heavy, c, P4D, TARGET, tp.FITTED)
-    compute, exposed, offload = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
-    per_layer = compute + exposed + layer.tp + layer.cp + offload
+    per_layer = tp._per_layer(layer, TARGET, tp.FITTED.overlap,
+                              P4D.node.gpu.collective_sm_share)[0]
     head = tp._head(heavy, c, P4D, tp.FITTED)
     assert (tp._lockstep(c, step.stages, layer, per_layer, head)
             < tp._lockstep(c, (6, 6, 6, 6), layer, per_layer, head))
@@ -180,8 +180,8 @@ def test_a_heavy_head_is_spread_when_the_microbatch_divides_and_the_report_says_
     assert plan.time.spread_head and "head spread" in table([plan])
     assert records([plan])[0]["pipeline_head"] == "spread"
     layer = tp._layer(heavy, c, four, TARGET, tp.FITTED)
-    compute, exposed, offload = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
-    per_layer = compute + exposed + layer.tp + layer.cp + offload
+    per_layer = tp._per_layer(layer, TARGET, tp.FITTED.overlap,
+                              four.node.gpu.collective_sm_share)[0]
     forward, head = per_layer * tp._forward_share(layer), tp._head(heavy, c, four, tp.FITTED)
     last = tp.one_f_one_b_split(24, 4, 16, forward, per_layer - forward, head,
                                 can_spread=False)
