@@ -23,6 +23,7 @@ predicted one.
 
     python bench/plan_vs_published.py          # the table with the cached constants
     python bench/plan_vs_published.py --fit    # fit on the fit rows, then the table
+    python bench/plan_vs_published.py --plot docs/img/planner_accuracy.png
 """
 from __future__ import annotations
 
@@ -262,7 +263,8 @@ def summary(fitted: Fitted = FITTED, choice: bool = True) -> dict:
             "median": statistics.median(absolute), "worst": absolute[-1], "series": series}
 
 
-def table(fitted: Fitted) -> None:
+def table(fitted: Fitted) -> dict:
+    """Prints every row, the held-out summary and the trends; returns :func:`summary`'s."""
     result = summary(fitted)
     print("| run | set | GPUs | configuration | published tok/s/GPU (TFLOP/s) | predicted "
           "tok/s/GPU (TFLOP/s) | error |")
@@ -289,17 +291,77 @@ def table(fitted: Fitted) -> None:
     print()
     for run in result["rows"]:
         print(f"- {run.name}: {run.source}")
+    return result
+
+
+def plot(result: dict, path: str):
+    """Two panels: every row with a published configuration, predicted against published
+    model TFLOP/s per GPU (fit rows filled, held-out hollow, 10% and 20% bands); each
+    scaling series' trend, predicted against published (the 10-point band)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (rows, trends) = plt.subplots(1, 2, figsize=(12, 5.5))
+    colors = {}
+    for run in result["rows"]:
+        if kind(run) == "choice":
+            continue
+        per_token = _workload(run.config, run.seq_len).model_flops_per_token / 1e12
+        x, y = run.tokens_per_gpu * per_token, result["predictions"][run.name][0] * per_token
+        gpu = _cluster(run.node, 1).node.gpu.name
+        color = colors.setdefault(gpu, f"C{len(colors)}")
+        fit = kind(run) == "fit"
+        rows.scatter(x, y, s=28, color=color if fit else "none", edgecolors=color,
+                     label=f"{gpu} ({'fit' if fit else 'held out'})")
+    line = [80, 600]
+    rows.plot(line, line, "k-", lw=0.8)
+    for band, style in ((0.1, "--"), (0.2, ":")):
+        for sign in (-1, 1):
+            rows.plot(line, [v * (1 + sign * band) for v in line], "k" + style, lw=0.7)
+    handles = dict(sorted(zip(*rows.get_legend_handles_labels()[::-1]), key=lambda t: t[0]))
+    rows.legend(handles.values(), handles.keys(), fontsize=7, loc="upper left")
+    rows.set(xscale="log", yscale="log", xlabel="published model TFLOP/s per GPU",
+             ylabel="predicted",
+             title=f"held out: median |error| {result['median']:.1%}, "
+                   f"largest {result['worst']:.1%} (bands: 10%, 20%)")
+    ticks = [100, 150, 200, 300, 400, 500]
+    for axis in (rows.xaxis, rows.yaxis):
+        axis.set_ticks(ticks, [str(t) for t in ticks])
+        axis.set_minor_locator(matplotlib.ticker.NullLocator())
+    misses = 0
+    for name, (pub, pred, _) in result["series"].items():
+        miss = (pub > 0) != (pred > 0) or abs(pred - pub) > 0.10
+        trends.scatter(100 * pub, 100 * pred, s=28, color="C3" if miss else "C0")
+        if miss:    # labels staggered: the misses near 0 overlap
+            trends.annotate(name, (100 * pub, 100 * pred), fontsize=7,
+                            xytext=(6, 14 - 11 * misses), textcoords="offset points",
+                            arrowprops={"arrowstyle": "-", "lw": 0.4})
+            misses += 1
+    span = [-15, 40]
+    trends.plot(span, span, "k-", lw=0.8)
+    trends.fill_between(span, [v - 10 for v in span], [v + 10 for v in span], alpha=0.1)
+    trends.axhline(0, color="grey", lw=0.5)
+    trends.axvline(0, color="grey", lw=0.5)
+    trends.set(xlabel="published trend, fewest to most nodes (%)", ylabel="predicted (%)",
+               title="scaling series (red: wrong sign or beyond 10 points)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+    return fig
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fit", action="store_true", help="fit the constants on the fit rows")
+    p.add_argument("--plot", metavar="PNG", help="also draw the table and the trends")
     args = p.parse_args()
     fitted = FITTED
     if args.fit:
         fitted = fit([r for r in RUNS if r.name in FIT], Fitted(1.0, 1.0, 1.0))
         print(f"fitted on {sorted(FIT)}:\n    FITTED = {fitted}\n")
-    table(fitted)
+    result = table(fitted)
+    if args.plot:
+        plot(result, args.plot)
 
 
 if __name__ == "__main__":

@@ -90,3 +90,19 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.27
     assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 4
+
+
+@pytest.mark.slow
+def test_the_accuracy_plot_draws_every_compared_row_and_marks_the_missed_series(
+        bench, result, tmp_path):
+    from matplotlib.collections import PathCollection
+    fig = bench.plot(result, str(tmp_path / "accuracy.png"))
+    assert (tmp_path / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows, trends = fig.axes
+    compared = [r for r in result["rows"] if bench.kind(r) != "choice"]
+    assert sum(len(c.get_offsets()) for c in rows.collections) == len(compared)
+    points = [c for c in trends.collections if isinstance(c, PathCollection)]
+    assert len(points) == len(result["series"])
+    missed = {name for name, (pub, pred, _) in result["series"].items()
+              if (pub > 0) != (pred > 0) or abs(pred - pub) > 0.10}
+    assert {t.get_text() for t in trends.texts} == missed
