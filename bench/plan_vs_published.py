@@ -48,6 +48,8 @@ MPT = "https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmark
 TITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md (2024 version)"
 MAXTEXT = "https://catalog.ngc.nvidia.com/orgs/nvidia/teams/dgxc-benchmarking/resources/"
 LLAMA2 = "https://arxiv.org/abs/2307.09288 (table 2: GPU hours for 2T tokens)"
+DGXC_REMAT = ("https://github.com/NVIDIA/dgxc-benchmarking maxtext/configure.sh: all but the "
+              "q, k, v projections recomputed, priced as remat full")
 
 
 @dataclass(frozen=True)
@@ -152,11 +154,11 @@ RUNS = [
     Run("MaxText Llama-2-70B", LLAMA70, "8xH100-SXM+3200Gbps", 8, 4096,
         Candidate(1, 64, 1, 1, 2, 1, "full"), 1035.97,
         f"{MAXTEXT}maxtext-llama2-70b-dgxc-benchmarking-c: 64 H100, FSDP=64, GBS 128, "
-        f"bf16; remat policy not stated, full assumed"),
-    Run("MaxText Llama-3-70B", llama3("70b"), "8xH100-SXM+3200Gbps", 16, 8192,
+        f"bf16; remat_policy save_qkv_proj ({DGXC_REMAT})"),
+    Run("MaxText Llama-3-70B x128", llama3("70b"), "8xH100-SXM+3200Gbps", 16, 8192,
         Candidate(1, 128, 1, 1, 2, 1, "full"), 1052.27,
         f"{MAXTEXT}maxtext-llama3-70b-dgxc-benchmarking-d: 128 H100, FSDP=128, per-device "
-        f"batch 2, bf16; remat policy not stated, full assumed"),
+        f"batch 2, bf16; remat_policy save_qkv_proj ({DGXC_REMAT})"),
 ]
 for size, hours in (("7b", 184_320), ("13b", 368_640), ("70b", 1_720_320)):
     RUNS.append(Run(f"Llama-2-{size.upper()} (GPU hours)", jaxsmp.models.preset("llama", size),
@@ -173,22 +175,31 @@ assert FIT == {r.name for r in [r for r in RUNS if r.candidate is not None][::3]
 SCALING_CSV = Path(__file__).resolve().parent / "data" / "published_scaling.csv"
 
 
+# the csv's Llama models: (the name of their rows, the model) and its ``ac`` column
+LLAMAS = {"llama3_8b": ("torchtitan Llama-3.1-8B", llama3("8b")),
+          "llama3_70b": ("MaxText Llama-3-70B", llama3("70b")),
+          "llama2_70b": ("MaxText Llama-2-70B", LLAMA70)}
+REMAT = {"1": "full", "0": "none", "s": "save_matmuls"}
+
+
 def scaling_series() -> dict[str, list[Run]]:
     """The scaling series of :data:`SCALING_CSV`, each sorted by GPUs; a row that is
     already in :data:`RUNS` (same name) is that run."""
     known = {r.name: r for r in RUNS}
     series: dict[str, list[Run]] = {}
     lines = [ln for ln in SCALING_CSV.read_text().splitlines() if ln and ln[0] != "#"]
-    for name, model, gpu, gpus, seq, mbs, accum, ac, tokens, source in csv.reader(lines):
-        gpus, seq, mbs, accum = int(gpus), int(seq), int(mbs), int(accum)
-        if model == "llama3_8b":
-            run = Run(f"torchtitan Llama-3.1-8B x{gpus}", llama3("8b"), GPU_NODE[gpu],
-                      gpus // 8, seq, Candidate(1, gpus, 1, 1, mbs, accum, "save_matmuls"),
-                      float(tokens), source)
+    for name, model, gpu, gpus, seq, mbs, accum, ac, sdp, tokens, source in csv.reader(lines):
+        gpus, seq, mbs, accum, sdp = int(gpus), int(seq), int(mbs), int(accum), int(sdp) or int(gpus)
+        if model in LLAMAS:
+            title, config = LLAMAS[model]
+            run = Run(f"{title} x{gpus}", config, GPU_NODE[gpu], gpus // 8, seq,
+                      Candidate(gpus // sdp, sdp, 1, 1, mbs, accum, REMAT[ac]), float(tokens),
+                      source)
         else:
-            run = mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens))
-            run = known.get(run.name, replace(run, source=source.replace("LF ", f"{MPT} ")))
-        series.setdefault(name, []).append(run)
+            assert sdp == gpus, f"{name}: llm-foundry's FSDP shards over every GPU"
+            run = replace(mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens)),
+                          source=source.replace("LF ", f"{MPT} "))
+        series.setdefault(name, []).append(known.get(run.name, run))
     return {k: sorted(v, key=lambda r: r.nodes) for k, v in series.items()}
 
 

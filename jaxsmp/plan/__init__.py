@@ -94,7 +94,7 @@ Megatron TP adds two all-reduces per layer pass; pipelines add one send per micr
 and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
 gradient shards per step (in ``reduce_dtype``). The
 three fitted constants come from ``bench/plan_vs_published.py --fit`` on the 8 runs it
-names (``FIT``: every third of its first list); it reports the error on the 76 others,
+names (``FIT``: every third of its first list); it reports the error on the 86 others,
 scaling series over node counts included (docs/planner.md, "How accurate it is"). Model TFLOP/s use
 :func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
 divides by the data-sheet peak.

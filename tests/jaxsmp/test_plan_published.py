@@ -34,7 +34,7 @@ def test_fit_rows_are_named_and_no_scaling_row_is_fitted_unless_already_a_fit_ro
     names = {r.name for r in bench.RUNS}
     assert bench.FIT <= names and len(bench.FIT) == 8
     scaling = [r for runs in bench.scaling_series().values() for r in runs]
-    assert len(scaling) >= 60 and len(bench.scaling_series()) >= 20
+    assert len(scaling) >= 70 and len(bench.scaling_series()) >= 22
     # a scaling row is a fit row only when it is one of the fit rows listed before the
     # series were added
     assert {r.name for r in scaling} & bench.FIT <= {
@@ -47,16 +47,17 @@ def test_fit_rows_are_named_and_no_scaling_row_is_fitted_unless_already_a_fit_ro
 
 @pytest.mark.slow
 def test_the_held_out_median_error_is_within_10_percent(result):
-    assert len(result["held_out"]) >= 70
+    assert len(result["held_out"]) >= 86
     assert result["median"] <= 0.10
     assert result["median"] == statistics.median(abs(e) for e in result["held_out"].values())
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 26.9%; 4 of 76 rows beyond 20%: MPT-70b on 64 A100-40GB "
-    "(+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MaxText "
-    "Llama 3 70B (-25%), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
+    "largest held-out error 26.9%; 14 of 86 rows beyond 20%: MPT-70b on 64 A100-40GB "
+    "(+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MaxText's "
+    "11 Llama 2 and 3 70B rows on 64 to 2048 H100s (-23% to -26%: 51% MFU with nearly "
+    "full recomputation), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
     "16- and 64-GPU rows) and MPT-760m on 8 H100 (+21%: 8% slower than its 16-GPU row)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
@@ -64,7 +65,7 @@ def test_the_largest_held_out_error_is_within_20_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "2 of 20 series, where the microbatch grows along the series: MPT-70b A100-40GB "
+    "2 of 22 series, where the microbatch grows along the series: MPT-70b A100-40GB "
     "(64 -> 128 GPUs, microbatch 2 -> 4) +36% against +4%, MPT-13b A100-40GB (8 -> 128, "
     "4 -> 16) +18% against +2%"))
 def test_every_series_trend_is_within_10_points_of_the_published_one(result):
@@ -73,7 +74,7 @@ def test_every_series_trend_is_within_10_points_of_the_published_one(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "3 of 20 series trends have the other sign, each within 8 points: MPT-1b H100 (1 -> 8 "
+    "3 of 22 series trends have the other sign, each within 8 points: MPT-1b H100 (1 -> 8 "
     "nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
     "+0.2% and +0.3%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) where it "
     "predicts -0.3%"))
@@ -89,7 +90,12 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 3
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.27
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 4
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 14
+    # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
+    # 128 beyond, from 8 to 256 nodes
+    for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
+        pub, pred, _ = result["series"][name]
+        assert (pub > 0) == (pred > 0) and abs(pred - pub) <= 0.05, name
 
 
 @pytest.mark.slow
