@@ -12,6 +12,8 @@ planner's. Seconds per row on 2 cores.
   collective runs (``GPU.collective_sm_share``, sourced), scaled by ``k``; 0 is none.
 - ``memory``: the memory-bound work (``Workload.memory_scale``, derived from XLA:GPU's
   compiled step) times ``k``, as if the published stacks moved more bytes than XLA's.
+- ``torch_memory``: ``memory`` on the PyTorch runs only (every row but MaxText's, which
+  run XLA's fused program as jaxsmp does): the planner's own predictions stay at 1.
 - ``h100_matmul``: H100's and H200's achievable matmul rate times ``k`` (A100's kept).
 - ``stragglers``: every rank waits for the slowest of N, tokens/s divided by
   ``1 + k sqrt(2 ln N)`` (the expected maximum of N normal step times, ``k`` their CV).
@@ -66,6 +68,22 @@ def _memory(k: float):
 
 
 @contextlib.contextmanager
+def _torch_memory(k: float):
+    base = pvp.predicted
+
+    def predicted(run, fitted=pvp.FITTED):
+        if run.name.startswith("MaxText"):
+            return base(run, fitted)
+        with _memory(k):
+            return base(run, fitted)
+    pvp.predicted = predicted
+    try:
+        yield
+    finally:
+        pvp.predicted = base
+
+
+@contextlib.contextmanager
 def _stragglers(k: float):
     base = pvp.predicted
 
@@ -82,6 +100,7 @@ def _stragglers(k: float):
 VARIANTS = {
     "contention": (lambda k: _gpu_scaled("collective_sm_share", k), (0.0, 0.5, 1.0, 1.5, 2.0)),
     "memory": (_memory, (1.0, 1.5, 2.0, 3.0, 4.0)),
+    "torch_memory": (_torch_memory, (1.5, 2.0, 3.0, 4.0)),
     "h100_matmul": (lambda k: _gpu_scaled("matmul_efficiency", k,
                                           lambda g: g.name.startswith(("H100", "H200"))),
                     (0.85, 0.9, 0.95, 1.0)),
