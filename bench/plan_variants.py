@@ -23,12 +23,12 @@ planner's. Seconds per row on 2 cores.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_vs_published as pvp
@@ -38,7 +38,6 @@ from jaxsmp.plan.calibration import MemoryScale, memory_scale
 from jaxsmp.plan.hardware import Cluster
 
 
-@contextlib.contextmanager
 def _gpu_scaled(field: str, k: float, only=lambda gpu: True):
     """``plan_vs_published._cluster`` with ``k`` x one field of the GPUs ``only`` picks."""
     base = pvp._cluster
@@ -49,25 +48,14 @@ def _gpu_scaled(field: str, k: float, only=lambda gpu: True):
         if only(gpu):
             gpu = replace(gpu, **{field: k * getattr(gpu, field)})
         return Cluster(replace(c.node, gpu=gpu), nodes)
-    pvp._cluster = cluster
-    try:
-        yield
-    finally:
-        pvp._cluster = base
+    return mock.patch.object(pvp, "_cluster", cluster)
 
 
-@contextlib.contextmanager
 def _memory(k: float):
-    base = workload.Workload.memory_scale
-    workload.Workload.memory_scale = property(
-        lambda w: MemoryScale(*(k * v for v in vars(memory_scale(w.family)).values())))
-    try:
-        yield
-    finally:
-        workload.Workload.memory_scale = base
+    return mock.patch.object(workload.Workload, "memory_scale", property(
+        lambda w: MemoryScale(*(k * v for v in vars(memory_scale(w.family)).values()))))
 
 
-@contextlib.contextmanager
 def _torch_memory(k: float):
     base = pvp.predicted
 
@@ -76,25 +64,17 @@ def _torch_memory(k: float):
             return base(run, fitted)
         with _memory(k):
             return base(run, fitted)
-    pvp.predicted = predicted
-    try:
-        yield
-    finally:
-        pvp.predicted = base
+    return mock.patch.object(pvp, "predicted", predicted)
 
 
-@contextlib.contextmanager
 def _stragglers(k: float):
     base = pvp.predicted
 
     def predicted(run, fitted=pvp.FITTED):
         tokens, label = base(run, fitted)
-        return tokens / (1 + k * math.sqrt(2 * math.log(run.nodes * 8))), label
-    pvp.predicted = predicted
-    try:
-        yield
-    finally:
-        pvp.predicted = base
+        world = pvp._cluster(run.node, run.nodes).world
+        return tokens / (1 + k * math.sqrt(2 * math.log(world))), label
+    return mock.patch.object(pvp, "predicted", predicted)
 
 
 VARIANTS = {
