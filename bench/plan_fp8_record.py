@@ -24,13 +24,13 @@ FP8_STEPS = {"llama2_70b": (4096, {64: 4.324, 128: 4.556, 256: 4.959, 512: 5.043
 def main() -> None:
     """Predicted against MaxText's FP8 tables, and each table's trend."""
     for model, (seq, steps) in FP8_STEPS.items():
-        title, config = pvp.LLAMAS[model]
+        title, config, kernel = pvp.LLAMAS[model]
         pairs = []
         for gpus, seconds in steps.items():
             sdp = gpus if gpus <= 256 else 128
             c = pvp.Candidate(gpus // sdp, sdp, 1, 1, 2, 1, "full", "fp8")
             run = pvp.Run(f"{title} fp8 x{gpus}", config, pvp.GPU_NODE["h100"], gpus // 8,
-                          seq, c, 2 * seq / seconds, pvp.MAXTEXT)
+                          seq, c, 2 * seq / seconds, pvp.MAXTEXT, attention=kernel)
             pairs.append((run.tokens_per_gpu, pvp.predicted(run)[0]))
             print(f"| {run.name} | {pairs[-1][0]:,.0f} | {pairs[-1][1]:,.0f} | "
                   f"{pairs[-1][1] / pairs[-1][0] - 1:+.1%} |")

@@ -43,6 +43,7 @@ from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
 from jaxsmp.plan.hardware import GB, GPU, H100_NCCL_SMS, Cluster, GiB, Node
 from jaxsmp.plan.search import _workload
+from jaxsmp.plan.workload import Workload
 
 MPT = "https://github.com/mosaicml/llm-foundry/blob/main/scripts/train/benchmarking/README.md"
 TITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md (2024 version)"
@@ -63,6 +64,10 @@ class Run:
     tokens_per_gpu: float         # published tokens per second per GPU
     source: str
     global_batch: int = 0         # for the planner's choice
+    # the attention kernel the run used, priced at its rate (hardware.ATTENTION_KERNELS):
+    # FlashAttention-2 in PyTorch (llm-foundry's flash and Triton kernels, torchtitan's
+    # SDPA), cuDNN's in MaxText; None: the kernel jaxsmp's step runs
+    attention: str | None = "flash2"
 
 
 def _mpt(d: int, layers: int, heads: int) -> GPTNeoXConfig:
@@ -84,7 +89,7 @@ OWN_NODES = {"8xH100-96GB+3200Gbps": Node(
     "8xH100-96GB+3200Gbps",
     GPU("H100-96GB", 989e12, 96 * GiB, 2400 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "torchtitan docs/performance.md: H100 96 GB HBM2e, 2.4 TB/s", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS),
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
     8, 3200, 25 * GB, "torchtitan docs/performance.md: Grand Teton, 400 Gb/s per GPU")}
 
 
@@ -121,12 +126,13 @@ RUNS = [
     Run("GPT-NeoX-20B", NEOX, "8xA100-40GB+800Gbps", 12, 2048,
         Candidate(12, 1, 2, 4, 4, 32, "full", "fp16"), megatron_tokens(NEOX, 2048, 117),
         "https://arxiv.org/abs/2204.06745 sec. 3: 96 A100-40GB, 4 HDR HCAs per node, tp=2 "
-        "pp=4 ZeRO-1, 117 hardware TFLOP/s per GPU"),
+        "pp=4 ZeRO-1, 117 hardware TFLOP/s per GPU", attention=None),
     Run("BLOOM-176B", jaxsmp.models.preset("bloom", "176b", n_layer=72), "p4de.24xlarge", 48,
         2048,
         Candidate(8, 1, 4, 12, 2, 128, "full", "bf16"), megatron_tokens(BLOOM, 2048, 156),
         "https://huggingface.co/bigscience/bloom: 384 A100-80GB, tp=4 pp=12 dp=8 mbs=2, "
-        "156 hardware TFLOP/s per GPU (72 pipeline slots: 70 layers and the embeddings)"),
+        "156 hardware TFLOP/s per GPU (72 pipeline slots: 70 layers and the embeddings)",
+        attention=None),
     mpt("70b", "a100_80", 64, 2048, 8, 4, True, 410),
     mpt("30b", "a100_80", 8, 2048, 3, 21, True, 916),
     mpt("13b", "a100_80", 8, 4096, 10, 3, True, 2060),
@@ -154,11 +160,11 @@ RUNS = [
     Run("MaxText Llama-2-70B", LLAMA70, "8xH100-SXM+3200Gbps", 8, 4096,
         Candidate(1, 64, 1, 1, 2, 1, "full"), 1035.97,
         f"{MAXTEXT}maxtext-llama2-70b-dgxc-benchmarking-c: 64 H100, FSDP=64, GBS 128, "
-        f"bf16; remat_policy save_qkv_proj ({DGXC_REMAT})"),
+        f"bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn"),
     Run("MaxText Llama-3-70B x128", llama3("70b"), "8xH100-SXM+3200Gbps", 16, 8192,
         Candidate(1, 128, 1, 1, 2, 1, "full"), 1052.27,
         f"{MAXTEXT}maxtext-llama3-70b-dgxc-benchmarking-d: 128 H100, FSDP=128, per-device "
-        f"batch 2, bf16; remat_policy save_qkv_proj ({DGXC_REMAT})"),
+        f"batch 2, bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn"),
 ]
 for size, hours in (("7b", 184_320), ("13b", 368_640), ("70b", 1_720_320)):
     RUNS.append(Run(f"Llama-2-{size.upper()} (GPU hours)", jaxsmp.models.preset("llama", size),
@@ -175,10 +181,11 @@ assert FIT == {r.name for r in [r for r in RUNS if r.candidate is not None][::3]
 SCALING_CSV = Path(__file__).resolve().parent / "data" / "published_scaling.csv"
 
 
-# the csv's Llama models: (the name of their rows, the model) and its ``ac`` column
-LLAMAS = {"llama3_8b": ("torchtitan Llama-3.1-8B", llama3("8b")),
-          "llama3_70b": ("MaxText Llama-3-70B", llama3("70b")),
-          "llama2_70b": ("MaxText Llama-2-70B", LLAMA70)}
+# the csv's Llama models: (the name of their rows, the model, their attention kernel) and
+# its ``ac`` column
+LLAMAS = {"llama3_8b": ("torchtitan Llama-3.1-8B", llama3("8b"), "flash2"),
+          "llama3_70b": ("MaxText Llama-3-70B", llama3("70b"), "cudnn"),
+          "llama2_70b": ("MaxText Llama-2-70B", LLAMA70, "cudnn")}
 REMAT = {"1": "full", "0": "none", "s": "save_matmuls"}
 
 
@@ -191,10 +198,10 @@ def scaling_series() -> dict[str, list[Run]]:
     for name, model, gpu, gpus, seq, mbs, accum, ac, sdp, tokens, source in csv.reader(lines):
         gpus, seq, mbs, accum, sdp = int(gpus), int(seq), int(mbs), int(accum), int(sdp) or int(gpus)
         if model in LLAMAS:
-            title, config = LLAMAS[model]
+            title, config, kernel = LLAMAS[model]
             run = Run(f"{title} x{gpus}", config, GPU_NODE[gpu], gpus // 8, seq,
                       Candidate(gpus // sdp, sdp, 1, 1, mbs, accum, REMAT[ac]), float(tokens),
-                      source)
+                      source, attention=kernel)
         else:
             assert sdp == gpus, f"{name}: llm-foundry's FSDP shards over every GPU"
             run = replace(mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens)),
@@ -218,7 +225,7 @@ def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
         candidate = best.candidate
     else:
         candidate = run.candidate
-    w = _workload(run.config, run.seq_len)
+    w = Workload(run.config, run.seq_len, run.attention)
     step = evaluate(w, candidate, target, TARGET, fitted).throughput
     return step.tokens_per_second / target.world, candidate.label()
 

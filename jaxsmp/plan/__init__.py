@@ -31,9 +31,11 @@ latencies (its tuning model's Simple protocol: 3.4 us an NVLink hop, 14 us a net
 hop).
 Matmuls reach the "maximum achievable matmul FLOPS" measured by S. Bekman (ML
 Engineering: A100 85.9%, H100 80.1%) or their bytes at HBM bandwidth, whichever is
-slower; FlashAttention's forward + backward reaches 55% of peak on A100 (Dao 2023,
-FlashAttention-2) and 34% on H100 (Shah et al. 2024, FlashAttention-3's FA2 baseline),
-executing half the causal FLOPs, with a backward of 2.5 forwards (cuDNN's 5 matmuls) or,
+slower; FlashAttention-2's forward + backward reaches 55% of peak on A100 (Dao 2023) and
+34% on H100 (Shah et al. 2024, FlashAttention-3's FA2 baseline), cuDNN's fused attention,
+which the step runs, 51% on H100 (the same paper) and FlashAttention-2's on A100 (no
+comparison published); pallas_kernels' is priced at FlashAttention-2's; each executes
+half the causal FLOPs, with a backward of 2.5 forwards (cuDNN's 5 matmuls) or,
 where the step runs pallas_kernels' FlashAttention (ALiBi: Bloom), 3.5 (its 7).
 
 Memory (``memory.py``): float32 master parameters (4 B), AdamW state (8 B) and float32

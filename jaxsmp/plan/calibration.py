@@ -12,9 +12,9 @@ Two kinds, from two scripts:
   enters these.
 - **Fitted to published runs** (``python bench/plan_vs_published.py --fit``, on the
   runs that script marks ``fit``; the others are held out): ``matmul`` and
-  ``attention`` multiply each GPU's published achievable rates (Bekman's MAMF,
-  FlashAttention-2's) and ``overlap`` is the share of the concurrent compute a
-  prefetched ZeRO-3 collective can hide behind.
+  ``attention`` multiply each GPU's published achievable rates (Bekman's MAMF, the
+  attention kernel's: cuDNN's or FlashAttention-2's) and ``overlap`` is the share of the
+  concurrent compute a prefetched ZeRO-3 collective can hide behind.
 
 Fixed: HBM traffic reaches :data:`HBM_EFFICIENCY` of the data sheet (device-to-device
 copy benchmarks reach 85-90% on A100 and H100), every collective call pays
@@ -57,8 +57,9 @@ class MemoryScale:
 
 # python bench/plan_vs_published.py --fit (its 8 fit runs only; 86 held out: median
 # |error| 8.2%, largest 26.9%), with the memory scales below and the compute beside a
-# hidden collective slowed by the SMs NCCL holds (GPU.collective_sm_share). The fit is
-# flat in attention (14.1% mean error on the fit rows here)
+# hidden collective slowed by the SMs NCCL holds (GPU.collective_sm_share) and attention at
+# the rate of the kernel each run used (GPU.attention_share). The fit is flat in attention
+# (13.6% mean error on the fit rows here)
 FITTED = Fitted(matmul=0.8, attention=0.45, overlap=1.0)
 # python -m jaxsmp.plan.calibrate (XLA:GPU deviceless, jax 0.10.2, A100-80GB target;
 # rerun 2026-11-26 after hlo_cost prices reduce-scatter-done as free and Bloom's Pallas

@@ -18,14 +18,16 @@ from jaxsmp.plan.hlo_cost import Collective, KernelTime, Rates, estimate
 
 def rates(gpu: GPU, precision: str, fitted: Fitted = FITTED) -> Rates:
     """The rates the analytic model charges on ``gpu``: matmuls at the achievable
-    fraction, fused attention at its rate (both times the fitted constants), HBM at
-    ``HBM_EFFICIENCY`` of the data sheet; with ``"fp8"`` its FP8 GEMMs at the float8 peak."""
+    fraction, cuDNN's and Pallas's fused attention at theirs (all times the fitted
+    constants), HBM at ``HBM_EFFICIENCY`` of the data sheet; with ``"fp8"`` its FP8 GEMMs
+    at the float8 peak."""
     peak = gpu.flops(precision)
     fp8 = gpu.linear_flops(precision) if precision == "fp8" else 0.0
     return Rates(peak * gpu.matmul_efficiency * fitted.matmul,
-                 peak * gpu.attention_efficiency * fitted.attention,
+                 peak * gpu.attention_share("cudnn") * fitted.attention,
                  gpu.hbm_bandwidth * HBM_EFFICIENCY,
-                 fp8 * gpu.matmul_efficiency * fitted.matmul)
+                 fp8 * gpu.matmul_efficiency * fitted.matmul,
+                 peak * gpu.attention_share("pallas") * fitted.attention)
 
 
 def collective_seconds(c: Collective, cluster: Cluster) -> float:

@@ -29,7 +29,9 @@ class GPU:
     float8 tensor FLOP/s (0: no FP8 tensor cores, which ``precision="fp8"`` needs);
     ``matmul_efficiency``:
     the largest measured fraction of it a matmul reaches; ``attention_efficiency``: the
-    fraction FlashAttention's forward + backward reaches; ``memory_bytes`` / ``hbm_bandwidth``
+    fraction FlashAttention-2's forward + backward reaches (pallas_kernels' FlashAttention
+    is priced at it too); ``cudnn_attention_efficiency``: cuDNN's fused attention's;
+    ``memory_bytes`` / ``hbm_bandwidth``
     (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction;
     ``collective_sm_share``: the fraction of its SMs NCCL's kernels hold while a collective
     runs (its thread blocks never share an SM with compute kernels), which the compute
@@ -45,6 +47,22 @@ class GPU:
     source: str = ""
     fp8_flops: float = 0.0
     collective_sm_share: float = A100_NCCL_SMS
+    cudnn_attention_efficiency: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cudnn_attention_efficiency <= 1:
+            raise ValueError(f"GPU {self.name!r}: cudnn_attention_efficiency must be in "
+                             f"(0, 1], got {self.cudnn_attention_efficiency!r}")
+
+    def attention_share(self, kernel: str) -> float:
+        """The fraction of :meth:`flops` the attention ``kernel`` reaches, forward and
+        backward: ``"cudnn"`` (cuDNN's fused attention), ``"pallas"`` (pallas_kernels')
+        or ``"flash2"`` (FlashAttention-2, what published PyTorch runs use)."""
+        if kernel == "cudnn":
+            return self.cudnn_attention_efficiency
+        if kernel in ("pallas", "flash2"):
+            return self.attention_efficiency
+        raise ValueError(f"unknown attention kernel {kernel!r}; known: {ATTENTION_KERNELS}")
 
     def flops(self, precision: str) -> float:
         """Peak matmul FLOP/s of the compute dtype of ``precision``: XLA:GPU runs float32
@@ -109,6 +127,8 @@ class Cluster:
         return f"{self.nodes} x {self.node.name} ({self.world} x {self.node.gpu.name})"
 
 
+# the attention kernels :meth:`GPU.attention_share` prices
+ATTENTION_KERNELS = ("cudnn", "pallas", "flash2")
 # Per-step latencies of the collectives cost model: NCCL's tuning constants for its Simple
 # protocol (NVIDIA/nccl src/graph/tuning.cc, hwLatencies): an NVLink ring hop 3.4 us, a
 # network hop 14 us.
@@ -120,18 +140,21 @@ ALPHA_INTRA, ALPHA_INTER = 3.4e-6, 14e-6
 # 2x bf16; the same fraction of it is assumed reachable (no FP8 MAMF measured here).
 # Attention efficiencies: FlashAttention-2 forward + backward (Dao 2023, fig. 4-5: about
 # 170 TFLOPS on A100 at head dim 128, causal) and on H100 (Shah et al. 2024,
-# FlashAttention-3, fig. 7: FlashAttention-2 about 340 of 989 TFLOPS).
+# FlashAttention-3, fig. 7: FlashAttention-2 about 340 of 989 TFLOPS). cuDNN's on H100 from
+# the same paper (figs. 5-6, head dim 128, 4k tokens): forward (causal) 518 and backward
+# 499 TFLOPS, 504 in the backward's 2.5:1 FLOP ratio: 0.51 of 989, 1.6x FlashAttention-2
+# there (319, 310). No published comparison on A100 was found: FlashAttention-2's rate.
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("A100-40GB", 312e12, 40 * GiB, 1555 * GB, 300 * GB, 0.859, 0.55, 156e12,
-        "NVIDIA A100 data sheet (SXM4 40GB)"),
+        "NVIDIA A100 data sheet (SXM4 40GB)", cudnn_attention_efficiency=0.55),
     GPU("A100-80GB", 312e12, 80 * GiB, 2039 * GB, 300 * GB, 0.859, 0.55, 156e12,
-        "NVIDIA A100 data sheet (SXM4 80GB)"),
+        "NVIDIA A100 data sheet (SXM4 80GB)", cudnn_attention_efficiency=0.55),
     GPU("H100-SXM", 989e12, 80 * GiB, 3350 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "NVIDIA H100 data sheet (SXM5)", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS),
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
     GPU("H200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "NVIDIA H200 data sheet (SXM)", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS),
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
 )}
 
 NODES: dict[str, Node] = {n.name: n for n in (

@@ -108,12 +108,14 @@ class KernelTime:
 
 @dataclass(frozen=True)
 class Rates:
-    """What a kernel reaches: FLOP/s of matmuls and of fused attention, HBM bytes/s;
-    ``fp8_matmul_flops``: of cuBLASLt FP8 GEMMs (0: at ``matmul_flops``)."""
+    """What a kernel reaches: FLOP/s of matmuls and of fused attention (cuDNN's), HBM
+    bytes/s; ``fp8_matmul_flops``: of cuBLASLt FP8 GEMMs (0: at ``matmul_flops``);
+    ``pallas_attention_flops``: of Pallas FlashAttention (0: at ``attention_flops``)."""
     matmul_flops: float
     attention_flops: float
     hbm_bytes: float
     fp8_matmul_flops: float = 0.0
+    pallas_attention_flops: float = 0.0
 
 
 def _dims(shape: str) -> list[int]:
@@ -257,10 +259,12 @@ class _Coster:
         total.launch += LAUNCH_SECONDS
         target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
         target = target.group(1) if target else ""
-        flops = (self.attention_flops(i, target) if target.startswith("__cudnn$fmha")
-                 else self.pallas_flops(comp, i, target))
+        cudnn = target.startswith("__cudnn$fmha")
+        flops = self.attention_flops(i, target) if cudnn else self.pallas_flops(comp, i, target)
         if flops:
-            total.attention += flops / self.rates.attention_flops
+            rate = (0.0 if cudnn else self.rates.pallas_attention_flops) \
+                or self.rates.attention_flops
+            total.attention += flops / rate
             total.attention_flops += flops
             return
         nbytes = self.kernel_bytes(comp, i)

@@ -95,7 +95,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
                  matmul_bytes / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
-    attention = causal_flops / (rate * gpu.attention_efficiency * fitted.attention)
+    attention = causal_flops / (rate * gpu.attention_share(w.attention_kernel)
+                                * fitted.attention)
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     weights = _weights(w, c, cluster, split) * w.memory_scale.weights
     forward = matmul + attention + elementwise

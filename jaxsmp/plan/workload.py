@@ -28,6 +28,7 @@ from jaxsmp.nn.param import is_var, logical_axes
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scale
+from jaxsmp.plan.hardware import ATTENTION_KERNELS
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 
@@ -100,11 +101,17 @@ def _residual_dtype(shape: jax.ShapeDtypeStruct, backend: str) -> int:
 
 
 class Workload:
-    """A model config trained on ``seq_len``-token sequences."""
+    """A model config trained on ``seq_len``-token sequences; ``attention_kernel``: the
+    kernel to price (:data:`jaxsmp.plan.hardware.ATTENTION_KERNELS`), None: the one the
+    step runs."""
 
-    def __init__(self, config: Any, seq_len: int):
+    def __init__(self, config: Any, seq_len: int, attention_kernel: str | None = None):
         positive_int("seq_len", seq_len)
+        if attention_kernel not in (None, *ATTENTION_KERNELS):
+            raise ValueError(f"unknown attention kernel {attention_kernel!r}; known: "
+                             f"{ATTENTION_KERNELS}, or None for the one the step runs")
         self.config, self.seq_len = config, seq_len
+        self._kernel = attention_kernel
         model = nnx.eval_shape(lambda: config.build(nnx.Rngs(0)))
         # blockwise attention saves what FlashAttention saves and takes any length
         traced = config.replace(attention_impl="blockwise") \
@@ -197,7 +204,10 @@ class Workload:
     def attention_kernel(self) -> str:
         """The attention kernel the step runs on GPUs: ``pallas`` (pallas_kernels'
         FlashAttention) for a family whose attention adds ALiBi slopes, which cuDNN
-        refuses (:data:`ALIBI_FAMILIES`), or when the config asks for it; else ``cudnn``."""
+        refuses (:data:`ALIBI_FAMILIES`), or when the config asks for it; else ``cudnn``
+        (or the kernel this workload was built to price)."""
+        if self._kernel is not None:
+            return self._kernel
         impl = getattr(self.config, "attention_impl", "auto")
         if impl == "auto":
             return "pallas" if self.family in ALIBI_FAMILIES else "cudnn"
@@ -206,8 +216,8 @@ class Workload:
     @property
     def attention_backward(self) -> float:
         """The attention backward's FLOPs over its forward's, in the kernel it runs:
-        cuDNN's 5 score-sized matmuls to the forward's 2, or the Pallas kernels' 7 (dq
-        recomputes the scores for itself: 3; dk, dv: 4)."""
+        cuDNN's (and FlashAttention-2's) 5 score-sized matmuls to the forward's 2, or the
+        Pallas kernels' 7 (dq recomputes the scores for itself: 3; dk, dv: 4)."""
         return PALLAS_ATTENTION_BACKWARD if self.attention_kernel == "pallas" \
             else ATTENTION_BACKWARD
 

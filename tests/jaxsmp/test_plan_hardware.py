@@ -30,7 +30,8 @@ def test_unknown_names_are_clear_errors():
 
 
 def test_users_register_their_own_nodes():
-    gpu = GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12)
+    gpu = GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12,
+              cudnn_attention_efficiency=0.5)
     try:
         register_node(Node("my.box", gpu, 4, 100))
         assert Cluster(node("my.box"), 2).world == 8
@@ -42,3 +43,21 @@ def test_the_cost_model_uses_nvlink_inside_and_the_network_across_hosts():
     model = node("p4d.24xlarge").cost_model(link_efficiency=1.0)
     assert model.bw_intra == 300e9 and model.bw_inter == 400e9 / 8
     assert node("p4d.24xlarge").cost_model().bw_inter == pytest.approx(0.8 * 50e9)
+
+
+def test_attention_is_priced_at_the_rate_of_the_kernel_that_runs_it():
+    """cuDNN's fused attention reaches 1.5x FlashAttention-2's rate on H100 (FA3 paper,
+    figs. 5-6); pallas_kernels' FlashAttention and published PyTorch runs are priced at
+    FlashAttention-2's; on A100 no comparison is published and both are FA2's."""
+    h100, a100 = GPUS["H100-SXM"], GPUS["A100-80GB"]
+    assert (h100.attention_share("cudnn"), h100.attention_share("flash2")) == (0.51, 0.34)
+    assert h100.attention_share("pallas") == h100.attention_share("flash2")
+    assert GPUS["H200"].attention_share("cudnn") == 0.51
+    assert a100.attention_share("cudnn") == a100.attention_share("flash2") == 0.55
+    with pytest.raises(ValueError, match="unknown attention kernel 'xformers'.*cudnn"):
+        h100.attention_share("xformers")
+
+
+def test_a_gpu_without_cudnn_s_attention_rate_is_refused():
+    with pytest.raises(ValueError, match="'MyGPU': cudnn_attention_efficiency must be in"):
+        GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12)

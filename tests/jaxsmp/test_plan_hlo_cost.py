@@ -89,6 +89,9 @@ def test_fused_attention_counts_its_causal_score_flops_and_a_costlier_backward()
     forward = 4 * 2 * 16 * 1024 * 1024 * 64 / 2
     assert k.attention_flops == pytest.approx(3.5 * forward)
     assert k.attention == pytest.approx(3.5 * forward / 5e11) and k.matmul_flops == 0
+    # cuDNN's kernels keep cuDNN's rate when Pallas's differs
+    own = estimate(text, Rates(1e12, 5e11, 1e9, pallas_attention_flops=2e11))
+    assert own.attention == k.attention
 
 
 def _triton(name: str, operands: str) -> str:
@@ -119,6 +122,9 @@ def test_pallas_flash_attention_counts_the_matmuls_each_kernel_runs():
     forward = 4 * 2 * 16 * 1024 * 1024 * 64 / 2
     assert k.attention_flops == pytest.approx(4.5 * forward)     # 1 + 1.5 + 2
     assert k.attention == pytest.approx(4.5 * forward / 5e11)
+    # with a rate of their own (FlashAttention-2's, below cuDNN's on H100) they take it
+    own = estimate(text, Rates(1e12, 5e11, 1e9, pallas_attention_flops=2e11))
+    assert own.attention == pytest.approx(4.5 * forward / 2e11)
     assert k.matmul_flops == 0 and k.memory_bytes == 2 * 16 * 1024 * 64 * 2 * 2 + 2 * 4 * \
         1024 * 64 * 2   # the unknown kernel: its operand and result bytes
 

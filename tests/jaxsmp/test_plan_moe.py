@@ -54,7 +54,7 @@ def test_the_step_prices_the_masked_expert_gemms_the_gpu_runs(w):
     gpu = cl.node.gpu
     layer = _layer(w, c, cl, TARGET, FITTED)
     attention = (2 * TOKENS * TOKENS * D
-                 / (gpu.flops("bf16") * gpu.attention_efficiency * FITTED.attention))
+                 / (gpu.flops("bf16") * gpu.attention_share(w.attention_kernel) * FITTED.attention))
     elementwise = _elementwise(w, c, cl, 1) * w.memory_scale.layer
     matmul = layer.forward - attention - elementwise
     rate = gpu.linear_flops("bf16") * gpu.matmul_efficiency * FITTED.matmul

@@ -54,11 +54,12 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 26.9%; 14 of 86 rows beyond 20%: MPT-70b on 64 A100-40GB "
-    "(+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MaxText's "
-    "11 Llama 2 and 3 70B rows on 64 to 2048 H100s (-23% to -26%: 51% MFU with nearly "
-    "full recomputation), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
-    "16- and 64-GPU rows) and MPT-760m on 8 H100 (+21%: 8% slower than its 16-GPU row)"))
+    "largest held-out error 26.9%; 7 of 86 rows beyond 20%: MPT-70b on 64 A100-40GB "
+    "(+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), MPT-1b on "
+    "32 A100-40GB (+21%: 18% slower per GPU than its 16- and 64-GPU rows), MPT-760m on 8 "
+    "H100 (+21%: 8% slower than its 16-GPU row) and MaxText's Llama 2 70B on 64, 512, "
+    "1024 and 2048 H100s (-20.0% to -20.6%: 51% MFU with all but q, k, v recomputed, which "
+    "the planner prices as full recomputation)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
@@ -90,7 +91,7 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 3
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.27
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 14
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 7
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
@@ -112,3 +113,15 @@ def test_the_accuracy_plot_draws_every_compared_row_and_marks_the_missed_series(
     missed = {name for name, (pub, pred, _) in result["series"].items()
               if (pub > 0) != (pred > 0) or abs(pred - pub) > 0.10}
     assert {t.get_text() for t in trends.texts} == missed
+
+
+def test_each_published_run_is_priced_with_the_attention_kernel_it_ran(bench):
+    """MaxText runs cuDNN's fused attention (the recipes' attention=cudnn_flash_te);
+    llm-foundry and torchtitan run FlashAttention-2-class kernels; GPT-NeoX-20B and
+    BLOOM ran Megatron's fused softmax, priced as jaxsmp's step would run them."""
+    runs = bench.RUNS + bench.scaling_runs()
+    kernels = {r.name: r.attention for r in runs}
+    assert all(k == "cudnn" for n, k in kernels.items() if n.startswith("MaxText"))
+    assert all(k == "flash2" for n, k in kernels.items() if n.startswith(("MPT", "torchtitan")))
+    assert kernels["GPT-NeoX-20B"] is kernels["BLOOM-176B"] is None
+    assert sum(k == "cudnn" for k in kernels.values()) == 12

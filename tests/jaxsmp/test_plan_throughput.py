@@ -213,3 +213,20 @@ def test_hidden_collectives_slow_the_compute_beside_them_by_nccls_sm_share():
     assert step.contention == pytest.approx(
         share * c.microbatches * (W.layers * hidden - edges))
     assert estimate_time(W, c, P4D, COMPILED).contention == 0   # no prefetch: all exposed
+
+
+def test_the_layer_prices_attention_at_the_rate_of_the_kernel_it_runs():
+    """On H100 the step's cuDNN attention takes 0.34 / 0.51 of FlashAttention-2's time
+    (what a published PyTorch run is priced with); everything else is the same."""
+    from jaxsmp.plan.calibration import FITTED
+    from jaxsmp.plan.throughput import _layer
+    config, c, p5 = W.config, Candidate(1, 16, 1, 1, 2, 1, "full"), cluster("p5.48xlarge", 2)
+    layers = {k: _layer(Workload(config, 2048, k), c, p5, TARGET, FITTED)
+              for k in (None, "cudnn", "flash2")}
+    assert layers[None] == layers["cudnn"]      # GPT-NeoX's step runs cuDNN's
+    tokens, hidden = 2 * 2048, W.hidden
+    fa2 = 2 * tokens * 2048 * hidden / (989e12 * 0.34 * FITTED.attention)
+    saved = layers["flash2"].forward - layers["cudnn"].forward
+    assert saved == pytest.approx(fa2 * (1 - 0.34 / 0.51), rel=1e-9)
+    with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
+        Workload(config, 2048, "sdpa")
