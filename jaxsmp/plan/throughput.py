@@ -29,7 +29,7 @@ from jaxsmp.plan.comm import (
     stage_send_seconds,
 )
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.plan.workload import Workload
+from jaxsmp.plan.workload import Workload, backward_ratio
 from jaxsmp.train.precision import precision_policy
 
 # Memory-bound work per layer: the forward writes the layer's activations once, the
@@ -95,12 +95,12 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
                  matmul_bytes / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
-    attention = causal_flops / (rate * gpu.attention_share(w.attention_kernel)
-                                * fitted.attention)
+    kernel = w.attention_kernel_at(c.precision)
+    attention = causal_flops / (rate * gpu.attention_share(kernel) * fitted.attention)
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     weights = _weights(w, c, cluster, split) * w.memory_scale.weights
     forward = matmul + attention + elementwise
-    backward = (2 * matmul + w.attention_backward * attention
+    backward = (2 * matmul + backward_ratio(kernel) * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
     recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":

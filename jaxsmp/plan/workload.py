@@ -31,6 +31,7 @@ from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scal
 from jaxsmp.plan.hardware import ATTENTION_KERNELS
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
+from pallas_kernels.attention import decide_impl
 
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
 # does not depend on it). The odd length tells per-token residuals from per-layer ones.
@@ -42,6 +43,13 @@ _ZERO = ("sdp", "cp")
 # families whose attention adds ALiBi slopes (jaxsmp/models/bloom.py)
 ALIBI_FAMILIES = frozenset({"bloom"})
 PALLAS_ATTENTION_BACKWARD = 3.5
+
+
+def backward_ratio(kernel: str) -> float:
+    """The attention backward's FLOPs over its forward's in ``kernel``: cuDNN's (and
+    FlashAttention-2's) 5 score-sized matmuls to the forward's 2, or the Pallas kernels' 7
+    (dq recomputes the scores for itself: 3; dk, dv: 4)."""
+    return PALLAS_ATTENTION_BACKWARD if kernel == "pallas" else ATTENTION_BACKWARD
 
 
 @dataclass(frozen=True)
@@ -202,24 +210,30 @@ class Workload:
 
     @property
     def attention_kernel(self) -> str:
-        """The attention kernel the step runs on GPUs: ``pallas`` (pallas_kernels'
-        FlashAttention) for a family whose attention adds ALiBi slopes, which cuDNN
-        refuses (:data:`ALIBI_FAMILIES`), or when the config asks for it; else ``cudnn``
-        (or the kernel this workload was built to price)."""
+        """The attention kernel the step runs on GPUs in bf16 (:meth:`attention_kernel_at`)."""
+        return self.attention_kernel_at("bf16")
+
+    def attention_kernel_at(self, precision: str) -> str:
+        """The attention kernel the step runs on a CUDA GPU under ``precision``: the one
+        ``attention_impl="auto"`` picks there (:func:`pallas_kernels.attention.decide_impl`
+        on the compute dtype, head dim and ALiBi): ``cudnn``, or ``pallas`` where cuDNN
+        refuses the inputs (float32, Bloom's ALiBi); the config's ``cudnn`` or ``pallas``
+        when it asks for one; or the kernel this workload was built to price."""
         if self._kernel is not None:
             return self._kernel
         impl = getattr(self.config, "attention_impl", "auto")
-        if impl == "auto":
-            return "pallas" if self.family in ALIBI_FAMILIES else "cudnn"
-        return "pallas" if impl == "pallas" else "cudnn"
+        if impl == "pallas":
+            return "pallas"
+        dtype = precision_policy(precision).compute_dtype
+        head_dim = getattr(self.config, "head_dim", self.hidden // self.heads)
+        auto = decide_impl(dtype, head_dim, alibi=self.family in ALIBI_FAMILIES,
+                           segments=False, platform="cuda")[0]
+        return "cudnn" if impl == "cudnn" else auto
 
     @property
     def attention_backward(self) -> float:
-        """The attention backward's FLOPs over its forward's, in the kernel it runs:
-        cuDNN's (and FlashAttention-2's) 5 score-sized matmuls to the forward's 2, or the
-        Pallas kernels' 7 (dq recomputes the scores for itself: 3; dk, dv: 4)."""
-        return PALLAS_ATTENTION_BACKWARD if self.attention_kernel == "pallas" \
-            else ATTENTION_BACKWARD
+        """The attention backward's FLOPs over its forward's in bf16 (:func:`backward_ratio`)."""
+        return backward_ratio(self.attention_kernel)
 
     @property
     def tied(self) -> bool:

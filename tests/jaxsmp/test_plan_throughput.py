@@ -230,3 +230,9 @@ def test_the_layer_prices_attention_at_the_rate_of_the_kernel_it_runs():
     assert saved == pytest.approx(fa2 * (1 - 0.34 / 0.51), rel=1e-9)
     with pytest.raises(ValueError, match="unknown attention kernel 'sdpa'"):
         Workload(config, 2048, "sdpa")
+    # float32 attention runs Pallas (cuDNN refuses it): its rate and its backward
+    fp32 = Candidate(1, 16, 1, 1, 2, 1, "full", "fp32")
+    assert _layer(W, fp32, p5, TARGET, FITTED) == _layer(
+        Workload(config, 2048, "pallas"), fp32, p5, TARGET, FITTED)
+    assert _layer(W, fp32, p5, TARGET, FITTED) != _layer(
+        Workload(config, 2048, "cudnn"), fp32, p5, TARGET, FITTED)

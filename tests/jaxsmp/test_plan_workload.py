@@ -90,3 +90,17 @@ def test_the_attention_backward_is_priced_in_the_kernel_the_family_runs():
     assert (llama.attention_kernel, llama.attention_backward) == ("cudnn", 2.5)
     forced = Workload(jaxsmp.models.preset("llama", "tiny", attention_impl="pallas"), 128)
     assert forced.attention_backward == 3.5
+
+
+def test_the_attention_kernel_follows_the_steps_own_choice_of_it_per_precision():
+    """The planner asks pallas_kernels what ``impl="auto"`` runs on CUDA: cuDNN takes
+    bf16 and fp16 (and fp8's bf16 attention), not float32, whose attention runs Pallas
+    (and pays its 7-matmul backward)."""
+    from jaxsmp.plan.workload import backward_ratio
+    llama = Workload(jaxsmp.models.preset("llama", "tiny"), 128)
+    kernels = {p: llama.attention_kernel_at(p) for p in ("bf16", "fp16", "fp8", "fp32")}
+    assert kernels == {"bf16": "cudnn", "fp16": "cudnn", "fp8": "cudnn", "fp32": "pallas"}
+    assert (backward_ratio("pallas"), backward_ratio("cudnn"), backward_ratio("flash2")) == \
+        (3.5, 2.5, 2.5)
+    priced = Workload(llama.config, 128, "flash2")    # what a published run used
+    assert priced.attention_kernel_at("fp32") == priced.attention_kernel == "flash2"
