@@ -98,7 +98,7 @@ STEP_HELP = {
     "precision": "fp32, bf16, fp16 (dynamic loss scaling) or fp8 where available",
     "fp8_history": "steps of amax history that scale fp8 matmuls (precision fp8 only)",
     "fp8_vocab": "run the vocabulary projection in fp8 too (precision fp8 only)",
-    "remat": "activation checkpointing: none, full, save_matmuls, offload",
+    "remat": "activation checkpointing: none, full, save_qkv, save_matmuls, offload",
     "clip_norm": "global gradient-norm clipping threshold (none: no clipping)",
     "bucket": "gather each layer's parameters as one flat buffer, one collective per layer",
     "prefetch": "gather layer i+1 while layer i computes: on, off, or auto (on GPUs)",

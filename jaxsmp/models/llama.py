@@ -11,6 +11,7 @@ from jaxsmp.models.config_base import ModelConfig
 from jaxsmp.nn import Embed, Linear, RMSNorm, Stack, apply_rotary, rotary_for_tokens
 from jaxsmp.nn.attention import attention
 from jaxsmp.nn.embed import check_token_ids
+from jaxsmp.nn.remat import name_qkv
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,9 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
         b, s, _ = x.shape
         cfg = self.cfg
-        q = self.q_proj(x).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(b, s, cfg.kv_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(b, s, cfg.kv_heads, cfg.head_dim)
+        q = name_qkv(self.q_proj(x)).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
+        k = name_qkv(self.k_proj(x)).reshape(b, s, cfg.kv_heads, cfg.head_dim)
+        v = name_qkv(self.v_proj(x)).reshape(b, s, cfg.kv_heads, cfg.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = attention(q, k, v, causal=True, impl=cfg.attention_impl)
         return self.o_proj(out.reshape(b, s, cfg.num_attention_heads * cfg.head_dim))

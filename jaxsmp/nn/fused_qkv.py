@@ -7,6 +7,7 @@ from flax import nnx
 
 from jaxsmp.nn.attention import attention
 from jaxsmp.nn.linear import Linear
+from jaxsmp.nn.remat import name_qkv
 
 
 class FusedQKVAttention(nnx.Module):
@@ -24,7 +25,7 @@ class FusedQKVAttention(nnx.Module):
     def qkv(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """q, k, v of shape ``[batch, seq, heads, head_dim]``."""
         b, s, _ = x.shape
-        qkv = self.query_key_value(x).reshape(b, s, self.heads, 3, self.head_dim)
+        qkv = name_qkv(self.query_key_value(x)).reshape(b, s, self.heads, 3, self.head_dim)
         return qkv[:, :, :, 0], qkv[:, :, :, 1], qkv[:, :, :, 2]
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array,

@@ -4,8 +4,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
-POLICIES = ("none", "full", "save_matmuls", "offload")
+POLICIES = ("none", "full", "save_qkv", "save_matmuls", "offload")
+# the name attention layers give their q, k, v projections' outputs (``checkpoint_name``),
+# which ``save_qkv`` keeps (MaxText's ``save_qkv_proj``)
+QKV_NAME = "qkv_proj"
+
+
+def name_qkv(x: jax.Array) -> jax.Array:
+    """``x``, a q, k or v projection's output, named for the ``save_qkv`` policy."""
+    return checkpoint_name(x, QKV_NAME)
 
 
 def _offload_policy() -> Callable:
@@ -32,7 +41,8 @@ def check_offloads(compiled_hlo: str) -> None:
 
 def remat(fn: Callable, policy: str) -> Callable:
     """Wraps a layer body: ``none`` keeps all activations, ``full`` recomputes the
-    layer in the backward pass, ``save_matmuls`` keeps only matmul outputs,
+    layer in the backward pass, ``save_qkv`` recomputes all but the q, k, v projections
+    (their outputs kept: :func:`name_qkv`), ``save_matmuls`` keeps only matmul outputs,
     ``offload`` moves matmul outputs to host memory and back. Whatever the policy,
     inside a step a layer's gathered parameters are never kept for the backward pass:
     :func:`jaxsmp.train.layer_scan.zero3_scan` drops them from the residuals and
@@ -41,6 +51,9 @@ def remat(fn: Callable, policy: str) -> Callable:
         return fn
     if policy == "full":
         return jax.checkpoint(fn, prevent_cse=False)
+    if policy == "save_qkv":
+        return jax.checkpoint(fn, prevent_cse=False,
+                              policy=jax.checkpoint_policies.save_only_these_names(QKV_NAME))
     if policy == "save_matmuls":
         return jax.checkpoint(fn, prevent_cse=False,
                               policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)

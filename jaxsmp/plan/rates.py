@@ -24,7 +24,8 @@ def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime) -> T
     tokens = c.global_batch * w.seq_len
     seconds = step.total
     model = w.model_flops_per_token * tokens / seconds / cluster.world
-    extra = {"none": 0.0, "full": 1 / 3}.get(c.remat, 0.0)
+    qkv = w.layer_qkv_params / w.layer_matmul_params   # what save_qkv does not recompute
+    extra = {"none": 0.0, "full": 1 / 3, "save_qkv": (1 - qkv) / 3}.get(c.remat, 0.0)
     if c.pp > 1 and c.schedule == "interleaved":
         extra += 1 / 3
     layer_share = 1 - 6 * w.hidden * w.vocab / w.model_flops_per_token

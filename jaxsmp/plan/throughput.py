@@ -102,7 +102,10 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     forward = matmul + attention + elementwise
     backward = (2 * matmul + backward_ratio(kernel) * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
-    recompute = {"none": 0.0, "full": forward}.get(c.remat, attention + elementwise)
+    # save_qkv recomputes the layer but its q, k, v projections (their share of the GEMMs)
+    qkv = matmul * w.layer_qkv_params / w.layer_matmul_params
+    recompute = {"none": 0.0, "full": forward, "save_qkv": forward - qkv}.get(
+        c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp

@@ -42,6 +42,8 @@ _ZERO = ("sdp", "cp")
 
 # families whose attention adds ALiBi slopes (jaxsmp/models/bloom.py)
 ALIBI_FAMILIES = frozenset({"bloom"})
+# the modules whose outputs the models name for ``save_qkv`` (jaxsmp.nn.remat.name_qkv)
+QKV_PROJECTIONS = frozenset({"q_proj", "k_proj", "v_proj", "query_key_value"})
 PALLAS_ATTENTION_BACKWARD = 3.5
 
 
@@ -149,6 +151,13 @@ class Workload:
     def layer_matmul_params(self) -> int:
         """Matmul weights (kernels) of one layer: 2 FLOPs per token each, forward."""
         return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked and len(p.shape) > 2)
+
+    @functools.cached_property
+    def layer_qkv_params(self) -> int:
+        """The q, k, v projections' kernels of one layer (what ``save_qkv`` keeps the
+        outputs of, :data:`QKV_PROJECTIONS`)."""
+        return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked
+                   and len(p.shape) > 2 and QKV_PROJECTIONS & set(p.path.split("/")))
 
     @functools.cached_property
     def layer_expert_params(self) -> int:

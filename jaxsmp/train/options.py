@@ -53,7 +53,8 @@ class StepOptions:
     fp8_vocab: bool = False
     """fp8: the vocabulary projection in float8 too (untied heads only)."""
     remat: str = "none"
-    """``none``, ``full``, ``save_matmuls`` or ``offload`` (:mod:`jaxsmp.nn.remat`)."""
+    """``none``, ``full``, ``save_qkv``, ``save_matmuls`` or ``offload``
+    (:mod:`jaxsmp.nn.remat`)."""
     clip_norm: float | None = 1.0
     """Global-norm gradient clipping; ``None`` disables it."""
     collectives: str | None = None

@@ -133,3 +133,14 @@ def test_a_mixtral_run_logs_its_router_losses_and_each_layers_expert_load(cfg, t
                   for _, value in tensorboard_values(tmp_path) if value.HasField("histo")}
     assert sorted(histograms) == [f"train/expert_load/layer_{i}" for i in range(4)]
     assert all(len(b) == 4 and abs(sum(b) - 1) < 1e-5 for b in histograms.values())
+
+
+def test_the_trainer_runs_remat_save_qkv_with_the_losses_of_no_remat(cfg):
+    """``--remat save_qkv`` (MaxText's save_qkv_proj) through the trainer: the step
+    recomputes the layers but their q, k, v projections and trains as ``none`` does."""
+    argv = ["--data", cfg.data, "--tokenizer", cfg.tokenizer, "--batch-size", "8",
+            "--seq-len", "32", "--eval-every", "0", "--no-progress", "--steps", "3"]
+    plain = run(parse_args([*argv, "--remat", "none"]))
+    kept = run(parse_args([*argv, "--remat", "save_qkv"]))
+    assert kept.losses == pytest.approx(plain.losses, rel=1e-5)
+    assert kept.losses[-1] < kept.losses[0]

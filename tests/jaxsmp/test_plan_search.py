@@ -18,7 +18,7 @@ def test_candidates_divide_the_cluster_the_batch_and_the_layers():
         assert c.world == 16 and c.global_batch == 32 and w.layers % c.pp == 0
         assert c.tp <= 8 and (c.pp == 1 or c.schedule == "simple" or c.microbatches >= c.pp)
     assert {c.tp for c in found} == {1, 2, 4}    # 4 heads: tp=8 does not divide
-    assert {c.remat for c in found} == {"none", "full", "save_matmuls", "offload"}
+    assert {c.remat for c in found} == {"none", "full", "save_qkv", "save_matmuls", "offload"}
 
 
 def test_plans_fit_and_come_fastest_first():

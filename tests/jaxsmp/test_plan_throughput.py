@@ -236,3 +236,16 @@ def test_the_layer_prices_attention_at_the_rate_of_the_kernel_it_runs():
         Workload(config, 2048, "pallas"), fp32, p5, TARGET, FITTED)
     assert _layer(W, fp32, p5, TARGET, FITTED) != _layer(
         Workload(config, 2048, "cudnn"), fp32, p5, TARGET, FITTED)
+
+
+def test_save_qkv_recomputes_the_forward_but_its_q_k_v_projections():
+    from jaxsmp.plan.calibration import FITTED
+    from jaxsmp.plan.throughput import _layer
+    full, kept = (_layer(W, Candidate(1, 128, 1, 1, 8, 1, r), P4D, TARGET, FITTED)
+                  for r in ("full", "save_qkv"))
+    gpu = P4D.node.gpu
+    qkv = 2 * 8 * 2048 * W.layer_qkv_params / (gpu.peak_flops * gpu.matmul_efficiency
+                                                * FITTED.matmul)
+    assert full.recompute == full.forward
+    assert full.recompute - kept.recompute == pytest.approx(qkv, rel=1e-9)
+    assert (kept.forward, kept.backward) == (full.forward, full.backward)

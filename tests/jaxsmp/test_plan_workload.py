@@ -104,3 +104,15 @@ def test_the_attention_kernel_follows_the_steps_own_choice_of_it_per_precision()
         (3.5, 2.5, 2.5)
     priced = Workload(llama.config, 128, "flash2")    # what a published run used
     assert priced.attention_kernel_at("fp32") == priced.attention_kernel == "flash2"
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "bloom"])
+def test_save_qkv_keeps_the_q_k_v_projections_beside_the_layer_input(family):
+    """Each family names its q, k, v projections' outputs (jaxsmp.nn.remat.name_qkv), so
+    ``save_qkv`` keeps exactly them beyond what ``full`` keeps, and the planner knows
+    their kernels' share of the layer's GEMMs."""
+    w = Workload(jaxsmp.models.preset(family, "tiny"), 128)
+    full, kept = w.activations("full", "bf16"), w.activations("save_qkv", "bf16")
+    widths = (w.heads + 2 * w.kv_heads) * (w.hidden // w.heads)
+    assert kept.replicated + kept.split - full.replicated - full.split == 2 * widths
+    assert w.layer_qkv_params == w.hidden * widths

@@ -33,12 +33,33 @@ def test_microbatches_give_the_gradients_of_one_batch(tiny_config, tokens):
         np.testing.assert_allclose(p0 - b, p0 - a, atol=2e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("policy", ["full", "save_matmuls"])
+@pytest.mark.parametrize("policy", ["full", "save_qkv", "save_matmuls"])
 def test_remat_policies_keep_gradients(tiny_config, tokens, policy):
     mesh = jaxsmp.Mesh(sdp=8)
     base, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None)
     remat, _ = train(tiny_config, mesh, tokens, steps=1, tx=sgd, clip_norm=None, remat=policy)
     for a, b in zip(leaves(base), leaves(remat)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "bloom"])
+def test_save_qkv_recomputes_all_but_the_q_k_v_projections(tokens, family):
+    """The compiled step with ``remat="save_qkv"`` runs, per layer, the FLOPs of ``full``
+    less one forward of the q, k, v projections (their outputs kept; XLA's cost analysis
+    counts the scanned layer once), and keeps the gradients of ``none``."""
+    layers = {"n_layer": 2} if family == "bloom" else {"num_hidden_layers": 2}
+    config = jaxsmp.models.preset(family, "tiny", attention_impl="reference", **layers)
+    mesh = jaxsmp.Mesh(sdp=8)
+    state = jaxsmp.init(config.build, sgd(), mesh, seed=0)
+    flops = {r: jaxsmp.step(causal_lm_loss, remat=r, clip_norm=None).lower(
+        state, {"tokens": tokens}).compile().cost_analysis()["flops"]
+        for r in ("none", "save_qkv", "full")}
+    qkv = 2 * tokens.size // 8 * jaxsmp.plan.Workload(config, 32).layer_qkv_params
+    assert flops["none"] < flops["save_qkv"] < flops["full"]
+    assert flops["full"] - flops["save_qkv"] == pytest.approx(qkv, rel=0.02)
+    base, _ = train(config, mesh, tokens, steps=1, tx=sgd, clip_norm=None)
+    kept, _ = train(config, mesh, tokens, steps=1, tx=sgd, clip_norm=None, remat="save_qkv")
+    for a, b in zip(leaves(base), leaves(kept)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
