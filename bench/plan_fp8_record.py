@@ -28,7 +28,7 @@ def main() -> None:
         pairs = []
         for gpus, seconds in steps.items():
             sdp = gpus if gpus <= 256 else 128
-            c = pvp.Candidate(gpus // sdp, sdp, 1, 1, 2, 1, "full", "fp8")
+            c = pvp.Candidate(gpus // sdp, sdp, 1, 1, 2, 1, "save_qkv", "fp8")
             run = pvp.Run(f"{title} fp8 x{gpus}", config, pvp.GPU_NODE["h100"], gpus // 8,
                           seq, c, 2 * seq / seconds, pvp.MAXTEXT, attention=kernel)
             pairs.append((run.tokens_per_gpu, pvp.predicted(run)[0]))

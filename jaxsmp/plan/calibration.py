@@ -59,7 +59,7 @@ class MemoryScale:
 # |error| 8.2%, largest 26.9%), with the memory scales below and the compute beside a
 # hidden collective slowed by the SMs NCCL holds (GPU.collective_sm_share) and attention at
 # the rate of the kernel each run used (GPU.attention_share). The fit is flat in attention
-# (13.6% mean error on the fit rows here)
+# (13.3% mean error on the fit rows here)
 FITTED = Fitted(matmul=0.8, attention=0.45, overlap=1.0)
 # python -m jaxsmp.plan.calibrate (XLA:GPU deviceless, jax 0.10.2, A100-80GB target;
 # rerun 2026-11-26 after hlo_cost prices reduce-scatter-done as free and Bloom's Pallas
