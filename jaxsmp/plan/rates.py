@@ -24,13 +24,14 @@ def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime) -> T
     tokens = c.global_batch * w.seq_len
     seconds = step.total
     model = w.model_flops_per_token * tokens / seconds / cluster.world
-    qkv = w.layer_qkv_params / w.layer_matmul_params   # what save_qkv does not recompute
-    extra = {"none": 0.0, "full": 1 / 3, "save_qkv": (1 - qkv) / 3}.get(c.remat, 0.0)
+    extra = {"none": 0.0, "full": 1 / 3, "save_qkv": 1 / 3}.get(c.remat, 0.0)
     if c.pp > 1 and c.schedule == "interleaved":
         extra += 1 / 3
     layer_share = 1 - 6 * w.hidden * w.vocab / w.model_flops_per_token
     hardware = model * (1 + extra * layer_share) + _expert_excess(w, c) * (1 + extra) * (
         tokens / seconds / cluster.world)
+    if c.remat == "save_qkv":   # its q, k, v projections are not recomputed
+        hardware -= 2 * w.layers * w.layer_qkv_params * tokens / seconds / cluster.world
     return Throughput(seconds, tokens / seconds, model / 1e12, hardware / 1e12,
                       model / cluster.node.gpu.flops(c.precision))
 

@@ -102,8 +102,8 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     forward = matmul + attention + elementwise
     backward = (2 * matmul + backward_ratio(kernel) * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
-    # save_qkv recomputes the layer but its q, k, v projections (their share of the GEMMs)
-    qkv = matmul * w.layer_qkv_params / w.layer_matmul_params
+    # save_qkv recomputes the layer but its q, k, v projections (their share of its GEMMs)
+    qkv = matmul * 2 * tokens * w.layer_qkv_params / split / matmul_flops
     recompute = {"none": 0.0, "full": forward, "save_qkv": forward - qkv}.get(
         c.remat, attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":

@@ -231,18 +231,12 @@ class Workload:
         if self._kernel is not None:
             return self._kernel
         impl = getattr(self.config, "attention_impl", "auto")
-        if impl == "pallas":
-            return "pallas"
+        if impl in ("cudnn", "pallas"):
+            return impl
         dtype = precision_policy(precision).compute_dtype
         head_dim = getattr(self.config, "head_dim", self.hidden // self.heads)
-        auto = decide_impl(dtype, head_dim, alibi=self.family in ALIBI_FAMILIES,
+        return decide_impl(dtype, head_dim, alibi=self.family in ALIBI_FAMILIES,
                            segments=False, platform="cuda")[0]
-        return "cudnn" if impl == "cudnn" else auto
-
-    @property
-    def attention_backward(self) -> float:
-        """The attention backward's FLOPs over its forward's in bf16 (:func:`backward_ratio`)."""
-        return backward_ratio(self.attention_kernel)
 
     @property
     def tied(self) -> bool:

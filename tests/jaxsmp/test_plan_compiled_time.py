@@ -16,6 +16,7 @@ from jaxsmp.plan.compiled import compile_candidate  # noqa: E402
 from jaxsmp.plan.compiled_time import compiled_time  # noqa: E402
 from jaxsmp.plan.gpu_preflight import _topology  # noqa: E402
 from jaxsmp.plan.throughput import memory_bound  # noqa: E402
+from jaxsmp.plan.workload import backward_ratio  # noqa: E402
 
 # family: (preset, its layer-count field); 6 layers, sdp=8 on 8 A100-80GB, 2 x 4096
 # tokens per GPU
@@ -68,7 +69,7 @@ def test_on_h100_each_attention_kernel_is_priced_at_its_own_rate_in_both_models(
     w, c, target, timed = _compiled(family, "H100-SXM")
     causal = 2 * 4096 * 4096 * w.hidden     # half of 4 s^2 d, one layer's forward
     forward = causal / (989e12 * H100_SHARE[family] * FITTED.attention)
-    passes = 2 + w.attention_backward       # forward, recomputed forward, backward
+    passes = 2 + backward_ratio(w.attention_kernel)   # forward, recomputed, backward
     assert timed.kernels.attention == pytest.approx(
         c.microbatches * w.layers * forward * passes, rel=1e-6)
     step = estimate_time(w, c, target)

@@ -249,3 +249,10 @@ def test_save_qkv_recomputes_the_forward_but_its_q_k_v_projections():
     assert full.recompute == full.forward
     assert full.recompute - kept.recompute == pytest.approx(qkv, rel=1e-9)
     assert (kept.forward, kept.backward) == (full.forward, full.backward)
+    # the hardware FLOPs it reports leave out one forward of those GEMMs (same step time)
+    step = estimate_time(W, Candidate(1, 128, 1, 1, 8, 1, "full"), P4D)
+    rates = {r: throughput(W, Candidate(1, 128, 1, 1, 8, 1, r), P4D, step)
+             for r in ("full", "save_qkv")}
+    per_gpu = 1024 * 2048 / step.total / 128
+    assert (rates["full"].hardware_tflops_per_gpu - rates["save_qkv"].hardware_tflops_per_gpu
+            == pytest.approx(2 * W.layers * W.layer_qkv_params * per_gpu / 1e12, rel=1e-9))
