@@ -41,7 +41,7 @@ from jaxsmp.models.gpt_neox import GPTNeoXConfig
 from jaxsmp.plan import Candidate, cluster, evaluate, plan
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
-from jaxsmp.plan.hardware import GB, GPU, H100_NCCL_SMS, Cluster, GiB, Node
+from jaxsmp.plan.hardware import GB, GPU, H100_NCCL_SMS, PCIE_GEN5, Cluster, GiB, Node
 from jaxsmp.plan.search import _workload
 from jaxsmp.plan.workload import Workload
 
@@ -68,6 +68,11 @@ class Run:
     # FlashAttention-2 in PyTorch (llm-foundry's flash and Triton kernels, torchtitan's
     # SDPA), cuDNN's in MaxText; None: the kernel jaxsmp's step runs
     attention: str | None = "flash2"
+    # remat "full" runs the layer's whole forward again (Semantics.whole_forward): Megatron
+    # (GPT-NeoX-20B, BLOOM) and llm-foundry's 2023 tables (PyTorch 2.0's non-reentrant
+    # checkpoint reruns the wrapped block whole; it stops early only from 2.1); MaxText
+    # (XLA) and torchtitan (PyTorch 2.4+) run only what the backward reads
+    whole_forward: bool = False
 
 
 def _mpt(d: int, layers: int, heads: int) -> GPTNeoXConfig:
@@ -89,8 +94,9 @@ OWN_NODES = {"8xH100-96GB+3200Gbps": Node(
     "8xH100-96GB+3200Gbps",
     GPU("H100-96GB", 989e12, 96 * GiB, 2400 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "torchtitan docs/performance.md: H100 96 GB HBM2e, 2.4 TB/s", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
-    8, 3200, 25 * GB, "torchtitan docs/performance.md: Grand Teton, 400 Gb/s per GPU")}
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51,
+        pcie_bandwidth=PCIE_GEN5),
+    8, 3200, source="torchtitan docs/performance.md: Grand Teton, 400 Gb/s per GPU")}
 
 
 def _cluster(name: str, nodes: int) -> Cluster:
@@ -103,7 +109,8 @@ def mpt(size: str, gpu: str, gpus: int, seq: int, mbs: int, accum: int, ac: bool
     note = "" if gpu != "h100" else "; interconnect not stated, 3200 Gbps assumed"
     return Run(f"MPT-{size} {gpu} x{gpus} s{seq}", _mpt(*MPT_SIZES[size]), GPU_NODE[gpu],
                gpus // 8, seq, Candidate(1, gpus, 1, 1, mbs, accum, "full" if ac else "none"),
-               tokens, f"{MPT} ({gpu} table, mbs {mbs}, accum {accum}, AC {ac}{note})")
+               tokens, f"{MPT} ({gpu} table, mbs {mbs}, accum {accum}, AC {ac}{note})",
+               whole_forward=True)
 
 
 def megatron_tokens(config, seq: int, tflops: float) -> float:
@@ -126,13 +133,13 @@ RUNS = [
     Run("GPT-NeoX-20B", NEOX, "8xA100-40GB+800Gbps", 12, 2048,
         Candidate(12, 1, 2, 4, 4, 32, "full", "fp16"), megatron_tokens(NEOX, 2048, 117),
         "https://arxiv.org/abs/2204.06745 sec. 3: 96 A100-40GB, 4 HDR HCAs per node, tp=2 "
-        "pp=4 ZeRO-1, 117 hardware TFLOP/s per GPU", attention=None),
+        "pp=4 ZeRO-1, 117 hardware TFLOP/s per GPU", attention=None, whole_forward=True),
     Run("BLOOM-176B", jaxsmp.models.preset("bloom", "176b", n_layer=72), "p4de.24xlarge", 48,
         2048,
         Candidate(8, 1, 4, 12, 2, 128, "full", "bf16"), megatron_tokens(BLOOM, 2048, 156),
         "https://huggingface.co/bigscience/bloom: 384 A100-80GB, tp=4 pp=12 dp=8 mbs=2, "
         "156 hardware TFLOP/s per GPU (72 pipeline slots: 70 layers and the embeddings)",
-        attention=None),
+        attention=None, whole_forward=True),
     mpt("70b", "a100_80", 64, 2048, 8, 4, True, 410),
     mpt("30b", "a100_80", 8, 2048, 3, 21, True, 916),
     mpt("13b", "a100_80", 8, 4096, 10, 3, True, 2060),
@@ -226,7 +233,8 @@ def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
     else:
         candidate = run.candidate
     w = Workload(run.config, run.seq_len, run.attention)
-    step = evaluate(w, candidate, target, TARGET, fitted).throughput
+    semantics = replace(TARGET, whole_forward=run.whole_forward)
+    step = evaluate(w, candidate, target, semantics, fitted).throughput
     return step.tokens_per_second / target.world, candidate.label()
 
 

@@ -24,13 +24,23 @@ class Semantics:
     ``megatron_tp``: tp splits each layer's matmuls, activations and gathered weights
     (Megatron); ``False`` is a plain GSPMD step:
     gathers whole layers over sdp x tp and every tp rank computes the whole layer.
+    ``whole_forward``: ``remat="full"`` runs the layer's whole forward again (Megatron's
+    checkpointing, PyTorch's before 2.1); ``False``: only what the backward pass reads,
+    as JAX and XLA (and PyTorch's non-reentrant checkpointing since 2.1) do
+    (:mod:`jaxsmp.plan.recompute`).
     """
     keep_gathered: bool | None = False
     prefetch: bool = True
     megatron_tp: bool = True
+    whole_forward: bool = False
 
     def keeps_gathered(self, remat: str) -> bool:
         return remat == "none" if self.keep_gathered is None else self.keep_gathered
+
+    def recomputed_share(self, w, remat: str) -> float:
+        """The share of a layer's forward GEMM FLOPs (``w``: a ``Workload``) its backward
+        pass runs again under ``remat``."""
+        return 1.0 if self.whole_forward and remat == "full" else w.recomputed_share(remat)
 
 
 TARGET = Semantics(keep_gathered=False, prefetch=True)   # jaxsmp's ZeRO-3

@@ -35,7 +35,8 @@ class GPU:
     (bytes/s); ``link_bandwidth``: its NVLink bytes/s per direction;
     ``collective_sm_share``: the fraction of its SMs NCCL's kernels hold while a collective
     runs (its thread blocks never share an SM with compute kernels), which the compute
-    beside an overlapped collective loses."""
+    beside an overlapped collective loses; ``pcie_bandwidth``: bytes/s to pinned host
+    memory and back when it has its PCIe link alone (:data:`PCIE_GEN4`, :data:`PCIE_GEN5`)."""
     name: str
     peak_flops: float
     memory_bytes: float
@@ -48,11 +49,15 @@ class GPU:
     fp8_flops: float = 0.0
     collective_sm_share: float = A100_NCCL_SMS
     cudnn_attention_efficiency: float = 0.0
+    pcie_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.cudnn_attention_efficiency <= 1:
             raise ValueError(f"GPU {self.name!r}: cudnn_attention_efficiency must be in "
                              f"(0, 1], got {self.cudnn_attention_efficiency!r}")
+        if self.pcie_bandwidth <= 0:
+            raise ValueError(f"GPU {self.name!r}: pcie_bandwidth (bytes/s to host memory) "
+                             f"must be > 0, got {self.pcie_bandwidth!r}")
 
     def attention_share(self, kernel: str) -> float:
         """The fraction of :meth:`flops` the attention ``kernel`` reaches, forward and
@@ -90,14 +95,18 @@ class GPU:
 @dataclass(frozen=True)
 class Node:
     """A host: ``gpus`` x ``gpu``, ``network_gbps`` across hosts (all NICs together),
-    ``pcie_bandwidth`` bytes/s per GPU to host memory (activation offload: one PCIe
-    x16 link, about 25 GB/s on Gen4 and 50 on Gen5, shared by the two GPUs of a switch)."""
+    ``pcie_bandwidth`` bytes/s per GPU to host memory (activation offload; default: the
+    GPU's own rate shared by the :data:`SWITCH_GPUS` GPUs of a PCIe switch)."""
     name: str
     gpu: GPU
     gpus: int
     network_gbps: float
-    pcie_bandwidth: float = 12.5 * GB
+    pcie_bandwidth: float | None = None
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.pcie_bandwidth is None:
+            object.__setattr__(self, "pcie_bandwidth", self.gpu.pcie_bandwidth / SWITCH_GPUS)
 
     def cost_model(self, link_efficiency: float = 0.8) -> CostModel:
         """The collectives cost model of this node type: NVLink per device inside the
@@ -144,28 +153,38 @@ ALPHA_INTRA, ALPHA_INTER = 3.4e-6, 14e-6
 # the same paper (figs. 5-6, head dim 128, 4k tokens): forward (causal) 518 and backward
 # 499 TFLOPS, 504 in the backward's 2.5:1 FLOP ratio: 0.51 of 989, 1.6x FlashAttention-2
 # there (319, 310). No published comparison on A100 was found: FlashAttention-2's rate.
+# Activation offload's rate to pinned host memory and back (remat="offload", overlapped
+# with compute as the planner prices it) of a GPU alone on its PCIe x16 link: measured on
+# one H200 (Gen5; GPT-NeoX 1.3b, seq 2048, bench/results/2026-11-27-nvidia-h200): 35.7
+# GB/s, 0.71 of Gen5's 50 GB/s line rate; Gen4 (A100): half that line rate, the same 0.71.
+PCIE_GEN5, PCIE_GEN4 = 35.7 * GB, 17.9 * GB
+SWITCH_GPUS = 2   # GPUs of an 8-GPU HGX board behind one PCIe switch's host link
 GPUS: dict[str, GPU] = {g.name: g for g in (
     GPU("A100-40GB", 312e12, 40 * GiB, 1555 * GB, 300 * GB, 0.859, 0.55, 156e12,
-        "NVIDIA A100 data sheet (SXM4 40GB)", cudnn_attention_efficiency=0.55),
+        "NVIDIA A100 data sheet (SXM4 40GB)", cudnn_attention_efficiency=0.55,
+        pcie_bandwidth=PCIE_GEN4),
     GPU("A100-80GB", 312e12, 80 * GiB, 2039 * GB, 300 * GB, 0.859, 0.55, 156e12,
-        "NVIDIA A100 data sheet (SXM4 80GB)", cudnn_attention_efficiency=0.55),
+        "NVIDIA A100 data sheet (SXM4 80GB)", cudnn_attention_efficiency=0.55,
+        pcie_bandwidth=PCIE_GEN4),
     GPU("H100-SXM", 989e12, 80 * GiB, 3350 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "NVIDIA H100 data sheet (SXM5)", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51,
+        pcie_bandwidth=PCIE_GEN5),
     GPU("H200", 989e12, 141 * GB, 4800 * GB, 450 * GB, 0.801, 0.34, 494.7e12,
         "NVIDIA H200 data sheet (SXM)", fp8_flops=1979e12,
-        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51),
+        collective_sm_share=H100_NCCL_SMS, cudnn_attention_efficiency=0.51,
+        pcie_bandwidth=PCIE_GEN5),
 )}
 
 NODES: dict[str, Node] = {n.name: n for n in (
-    Node("p4d.24xlarge", GPUS["A100-40GB"], 8, 400, 12.5 * GB,
-         "AWS: 8 x A100 40GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
-    Node("p4de.24xlarge", GPUS["A100-80GB"], 8, 400, 12.5 * GB,
-         "AWS: 8 x A100 80GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
-    Node("p5.48xlarge", GPUS["H100-SXM"], 8, 3200, 25 * GB,
-         "AWS: 8 x H100 80GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
-    Node("p5e.48xlarge", GPUS["H200"], 8, 3200, 25 * GB,
-         "AWS: 8 x H200 141GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
+    Node("p4d.24xlarge", GPUS["A100-40GB"], 8, 400,
+         source="AWS: 8 x A100 40GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
+    Node("p4de.24xlarge", GPUS["A100-80GB"], 8, 400,
+         source="AWS: 8 x A100 80GB, NVSwitch 600 GB/s per GPU, 4 x 100 Gbps EFA"),
+    Node("p5.48xlarge", GPUS["H100-SXM"], 8, 3200,
+         source="AWS: 8 x H100 80GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
+    Node("p5e.48xlarge", GPUS["H200"], 8, 3200,
+         source="AWS: 8 x H200 141GB, NVSwitch 900 GB/s per GPU, 3200 Gbps EFA"),
 )}
 
 _GENERIC = re.compile(r"^(\d+)x([A-Za-z0-9-]+)\+(\d+(?:\.\d+)?)Gbps$")
@@ -191,7 +210,7 @@ def generic_node(gpu: str, gpus: int = 8, network_gbps: float = 400) -> Node:
         raise ValueError(f"a node needs gpus >= 1 and network_gbps > 0; got {gpus}, "
                          f"{network_gbps}")
     return Node(f"{gpus}x{gpu}+{network_gbps:g}Gbps", GPUS[gpu], gpus, network_gbps,
-                source="generic")
+                GPUS[gpu].pcie_bandwidth / min(gpus, SWITCH_GPUS), source="generic")
 
 
 def node(name: str) -> Node:

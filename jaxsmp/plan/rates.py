@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxsmp.plan import moe
-from jaxsmp.plan.candidate import Candidate
+from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.throughput import StepTime
 from jaxsmp.plan.workload import Workload
@@ -20,18 +20,22 @@ class Throughput:
     mfu: float
 
 
-def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime) -> Throughput:
+def throughput(w: Workload, c: Candidate, cluster: Cluster, step: StepTime,
+               semantics: Semantics = TARGET) -> Throughput:
     tokens = c.global_batch * w.seq_len
     seconds = step.total
     model = w.model_flops_per_token * tokens / seconds / cluster.world
-    extra = {"none": 0.0, "full": 1 / 3, "save_qkv": 1 / 3}.get(c.remat, 0.0)
+    # run again: the policy's share of the layers' forward GEMMs (jaxsmp.plan.recompute)
+    # and attention's forward (PaLM's 4 x layers x width x seq a token); 1F1B: the stage
+    layers = (w.model_flops_per_token - 6 * w.hidden * w.vocab) / 3
+    attention = 4 * w.layers * w.hidden * w.seq_len
+    extra = (0.0 if c.remat == "none" else
+             semantics.recomputed_share(w, c.remat) * (layers - attention) + attention)
     if c.pp > 1 and c.schedule == "interleaved":
-        extra += 1 / 3
-    layer_share = 1 - 6 * w.hidden * w.vocab / w.model_flops_per_token
-    hardware = model * (1 + extra * layer_share) + _expert_excess(w, c) * (1 + extra) * (
+        extra += layers
+    share = extra / (3 * layers)
+    hardware = model + (extra + _expert_excess(w, c) * (1 + share)) * (
         tokens / seconds / cluster.world)
-    if c.remat == "save_qkv":   # its q, k, v projections are not recomputed
-        hardware -= 2 * w.layers * w.layer_qkv_params * tokens / seconds / cluster.world
     return Throughput(seconds, tokens / seconds, model / 1e12, hardware / 1e12,
                       model / cluster.node.gpu.flops(c.precision))
 

@@ -171,7 +171,7 @@ def evaluate(w: Workload, c: Candidate, cluster: Cluster,
     cluster.node.gpu.check_precision(c.precision)
     memory = estimate_memory(w, c, semantics)
     step = estimate_time(w, c, cluster, semantics, fitted)
-    return Plan(c, memory, step, throughput(w, c, cluster, step),
+    return Plan(c, memory, step, throughput(w, c, cluster, step, semantics),
                 capacity(cluster.node.gpu.memory_bytes))
 
 

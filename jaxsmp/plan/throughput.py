@@ -102,10 +102,10 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     forward = matmul + attention + elementwise
     backward = (2 * matmul + backward_ratio(kernel) * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
-    # save_qkv recomputes the layer but its q, k, v projections (their share of its GEMMs)
-    qkv = matmul * 2 * tokens * w.layer_qkv_params / split / matmul_flops
-    recompute = {"none": 0.0, "full": forward, "save_qkv": forward - qkv}.get(
-        c.remat, attention + elementwise)
+    # the GEMMs the policy runs again (never the projections only the residual sum reads,
+    # nor what it saves: jaxsmp.plan.recompute), attention and the memory-bound work
+    recompute = 0.0 if c.remat == "none" else (
+        matmul * semantics.recomputed_share(w, c.remat) + attention + elementwise)
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp

@@ -29,6 +29,7 @@ from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scale
 from jaxsmp.plan.hardware import ATTENTION_KERNELS
+from jaxsmp.plan.recompute import recomputed_share
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 from pallas_kernels.attention import decide_impl
@@ -303,12 +304,20 @@ class Workload:
         return Activations(replicated=replicated, split=split)
 
     @functools.cache
-    def _residual_bytes(self, remat: str, dtype, backend: str) -> tuple[float, float]:
-        """(replicated, split) bytes per token of one layer's residuals: the ``Stack``
-        runs one layer on ``x`` under jaxsmp's remat policy ``remat``, abstractly."""
+    def recomputed_share(self, remat: str) -> float:
+        """The share of one layer's forward GEMM FLOPs its backward pass runs again under
+        ``remat``, counted in JAX's program (:mod:`jaxsmp.plan.recompute`)."""
+        if remat not in POLICIES:
+            raise ValueError(f"unknown remat policy {remat!r}; valid: {POLICIES}")
+        return recomputed_share(lambda policy: self.layer_loss(policy, jnp.bfloat16), remat)
+
+    def layer_loss(self, remat: str, dtype) -> tuple[Any, tuple]:
+        """(a loss of one stacked layer's output under jaxsmp's remat policy ``remat``,
+        its abstract arguments (the layer's parameters, the carry, the extra arguments),
+        in ``dtype``): what :meth:`activations` takes JAX's residuals of and
+        :mod:`jaxsmp.plan.recompute` counts the backward's GEMMs in."""
         _, stacked = nnx.split(self._stack.layers)
         one = jax.tree.map(lambda v: jax.ShapeDtypeStruct((1, *v.shape[1:]), dtype), stacked)
-        tokens = _TRACE_BATCH * _TRACE_SEQ
         # the carry the model passes its stack (a mixture of experts' carries its router
         # statistics beside the hidden state), with the hidden state in ``dtype``
         carry, args = self._layer_args
@@ -325,9 +334,16 @@ class Workload:
             with layer_context(LayerContext(scan_layers=scan, run_stages=hook)):
                 self._stack(h, *args)
             return sum(y.astype(jnp.float32).sum() for y in jax.tree.leaves(out["y"]))
+        return loss, (one, x, args)
 
+    @functools.cache
+    def _residual_bytes(self, remat: str, dtype, backend: str) -> tuple[float, float]:
+        """(replicated, split) bytes per token of one layer's residuals: the ``Stack``
+        runs one layer on ``x`` under jaxsmp's remat policy ``remat``, abstractly."""
+        tokens = _TRACE_BATCH * _TRACE_SEQ
+        loss, arguments = self.layer_loss(remat, dtype)
         replicated = split = 0.0
-        for shape, source in saved_residuals(loss, one, x, args):
+        for shape, source in saved_residuals(loss, *arguments):
             per_layer = "output of scan" in source or "argument h" in source
             if not per_layer or not self._per_token(shape.shape):
                 continue  # weights, per-channel constants, what all layers share

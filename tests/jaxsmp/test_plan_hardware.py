@@ -2,7 +2,7 @@
 import pytest
 
 from jaxsmp.plan import GPU, GPUS, NODES, Cluster, Node, generic_node, node, register_node
-from jaxsmp.plan.hardware import GiB
+from jaxsmp.plan.hardware import PCIE_GEN4, PCIE_GEN5, GiB
 
 
 def test_data_sheet_entries_describe_the_aws_nodes():
@@ -31,10 +31,11 @@ def test_unknown_names_are_clear_errors():
 
 def test_users_register_their_own_nodes():
     gpu = GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12,
-              cudnn_attention_efficiency=0.5)
+              cudnn_attention_efficiency=0.5, pcie_bandwidth=20e9)
     try:
         register_node(Node("my.box", gpu, 4, 100))
         assert Cluster(node("my.box"), 2).world == 8
+        assert node("my.box").pcie_bandwidth == 10e9    # two GPUs behind a PCIe switch
     finally:
         NODES.pop("my.box")
 
@@ -61,3 +62,18 @@ def test_attention_is_priced_at_the_rate_of_the_kernel_that_runs_it():
 def test_a_gpu_without_cudnn_s_attention_rate_is_refused():
     with pytest.raises(ValueError, match="'MyGPU': cudnn_attention_efficiency must be in"):
         GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12)
+
+
+def test_offload_moves_at_the_measured_host_link_rate():
+    """One H200 alone on its PCIe Gen5 link offloaded at 35.7 GB/s (the GPU check); an
+    8-GPU node's GPUs share a switch's link two by two; A100's Gen4 has half the rate."""
+    assert generic_node("H200", gpus=1).pcie_bandwidth == PCIE_GEN5 == 35.7e9
+    assert generic_node("H100-SXM").pcie_bandwidth == PCIE_GEN5 / 2
+    assert node("p5e.48xlarge").pcie_bandwidth == PCIE_GEN5 / 2
+    assert node("p4d.24xlarge").pcie_bandwidth == PCIE_GEN4 / 2 == GPUS["A100-40GB"].pcie_bandwidth / 2
+
+
+def test_a_gpu_without_its_host_link_rate_is_refused():
+    with pytest.raises(ValueError, match="'MyGPU': pcie_bandwidth .* must be > 0"):
+        GPU("MyGPU", 100e12, 16 * GiB, 1e12, 100e9, 0.8, 0.5, 50e12,
+            cudnn_attention_efficiency=0.5)

@@ -63,6 +63,32 @@ def test_save_qkv_recomputes_all_but_the_q_k_v_projections(tokens, family):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "bloom"])
+def test_remat_recomputes_the_gemms_the_planner_counts(tokens, family):
+    """``full`` and ``save_qkv`` run again, beyond ``save_matmuls`` (which recomputes no
+    GEMM of a dense layer), the share of a layer's forward GEMMs that
+    ``Workload.recomputed_share`` counts in JAX's program: not the projections whose
+    outputs only the residual sum reads (GPT-NeoX: 7/12, Bloom: 2/3; XLA's cost
+    analysis counts the scanned layer once)."""
+    layers = {"n_layer": 2} if family == "bloom" else {"num_hidden_layers": 2}
+    config = jaxsmp.models.preset(family, "tiny", attention_impl="reference", **layers)
+    state = jaxsmp.init(config.build, sgd(), jaxsmp.Mesh(sdp=8), seed=0)
+    flops = {r: jaxsmp.step(causal_lm_loss, remat=r, clip_norm=None).lower(
+        state, {"tokens": tokens}).compile().cost_analysis()["flops"]
+        for r in ("save_matmuls", "save_qkv", "full")}
+    workload = jaxsmp.plan.Workload(config, 32)
+    forward = 2 * tokens.size // 8 * workload.layer_matmul_params
+    for policy in ("full", "save_qkv"):
+        share = workload.recomputed_share(policy)
+        assert flops[policy] - flops["save_matmuls"] == pytest.approx(share * forward, rel=0.02)
+    # not run again: the MLP's output projection, and GPT-NeoX's attention output too
+    width = config.hidden_size
+    mlp = 4 * width if family == "bloom" else config.intermediate_size
+    skipped = mlp * width + (width * width if family == "gpt_neox" else 0)
+    assert workload.recomputed_share("full") == pytest.approx(
+        1 - skipped / workload.layer_matmul_params)
+
+
 def test_offload_raises_where_the_compiled_step_keeps_nothing_on_the_host(tiny_config, tokens):
     # XLA:CPU accepts the offload policy and drops it when compiling (no S(5) buffer)
     assert jax.default_backend() == "cpu"
