@@ -158,3 +158,11 @@ class StepOptions:
         if self.prefetch is not None:
             return self.prefetch
         return platform in ("gpu", "cuda") and not xla_flags.pipelines_collectives()
+
+    def compiler_options(self, devices: int) -> dict | None:
+        """The XLA options the steps of these options compile with on a mesh of
+        ``devices`` (``jax.jit``'s ``compiler_options``): the precision's and those
+        jaxsmp's flags call for per step (:func:`jaxsmp.xla_flags.step_compiler_options`)."""
+        options = {**precision_policy(self.precision).compiler_options,
+                   **xla_flags.step_compiler_options(devices)}
+        return options or None

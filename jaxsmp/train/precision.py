@@ -18,10 +18,10 @@ class Precision:
     fp8: bool = False
 
     @property
-    def compiler_options(self) -> dict | None:
+    def compiler_options(self) -> dict:
         """The XLA options a step of this precision is compiled with (``jax.jit``'s
         ``compiler_options``): :data:`FP8_COMPILER_OPTIONS` for fp8, else none."""
-        return dict(FP8_COMPILER_OPTIONS) if self.fp8 else None
+        return dict(FP8_COMPILER_OPTIONS) if self.fp8 else {}
 
 
 # fp8 compiles without Triton GEMMs: with them XLA:GPU fuses the float8 -> bf16 converts

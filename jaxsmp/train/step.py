@@ -184,7 +184,7 @@ class TrainStep(_Step):
     def _jitted(self, state: TrainState, plan: PipelinePlan, gradients_only: bool = False):
         key = (jax.tree.structure(state), plan, gradients_only)
         if key not in self._compiled:
-            xla = precision_policy(self.options.precision).compiler_options
+            xla = self.options.compiler_options(state.mesh.jax_mesh.size)
             if gradients_only:
                 shardings = state_shardings(state.params, state.mesh)
                 self._compiled[key] = jax.jit(
@@ -289,23 +289,23 @@ class EvalStep(_Step):
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         state, batch, plan = self._prepare(state, batch, self._microbatches(state))
-        return self._jitted(plan)(state, batch)
+        return self._jitted(plan, state.mesh.jax_mesh.size)(state, batch)
 
     def lower(self, state: TrainState, batch: Any):
         """The lowered evaluation (``state`` and ``batch`` may be abstract), as calling
         the step compiles it: ``.compile()`` for its program and memory."""
         state, batch, plan = self._prepare(state, batch, self._microbatches(state))
-        return self._jitted(plan).trace(state, batch).lower()
+        return self._jitted(plan, state.mesh.jax_mesh.size).trace(state, batch).lower()
 
     def _microbatches(self, state: TrainState) -> int:
         return self.options.microbatches if state.mesh.pp > 1 else 1
 
-    def _jitted(self, plan: PipelinePlan):
-        if plan not in self._jits:
-            self._jits[plan] = jax.jit(functools.partial(self._eval, plan),
-                                       compiler_options=precision_policy(
-                                           self.options.precision).compiler_options)
-        return self._jits[plan]
+    def _jitted(self, plan: PipelinePlan, devices: int):
+        if (plan, devices) not in self._jits:
+            self._jits[plan, devices] = jax.jit(
+                functools.partial(self._eval, plan),
+                compiler_options=self.options.compiler_options(devices))
+        return self._jits[plan, devices]
 
 
 def step(fn: LossFn | None = None, **options: Any):

@@ -73,3 +73,46 @@ def test_prefetch_defaults_off_on_gpus_only_where_xla_pipelines_the_layer_collec
     assert StepOptions().prefetches("gpu") and not StepOptions().prefetches("cpu")
     monkeypatch.delenv("XLA_FLAGS")
     assert StepOptions().prefetches("cuda")
+
+
+DOUBLE_BUFFERING_PROBE = """
+import re
+import jax, numpy as np, optax
+import jaxsmp
+from jaxsmp.checkpoint import abstract_state
+from jaxsmp.losses import causal_lm_loss
+from jaxsmp.plan import gpu_target
+config = jaxsmp.models.preset("llama", "tiny", num_hidden_layers=4, attention_impl="cudnn")
+for n in (1, 8):
+    mesh = jaxsmp.Mesh(devices=gpu_target.topology("H100-SXM", gpus_per_host=n))
+    state = abstract_state(config.build, optax.adamw(1e-4), mesh)
+    batch = {"tokens": jax.ShapeDtypeStruct((8, 128), np.int32)}
+    step = jaxsmp.step(causal_lm_loss, precision="bf16")
+    text = gpu_target.compile_step(step, state, batch, mesh).as_text()
+    print(n, sorted(set(re.findall(r'known_trip_count":\\{"n":"(\\d+)"', text))))
+"""
+
+
+def test_one_device_steps_compile_without_loop_double_buffering():
+    """On one GPU (H200, GPU check) the loop double buffering jaxsmp's flags switch on
+    made a Llama step 11% slower; the step's compile turns it off there: XLA:GPU
+    compiles the 4-layer loops of a one-device step 4 times round, not twice round a
+    doubled body, while on 8 devices the ZeRO-3 loop keeps it (with its pipelined
+    collectives' peeled iterations, once round)."""
+    from conftest import require_gpu_compiler
+    require_gpu_compiler()
+    flags = " ".join(xla_flags.overlap_flags())
+    env = dict(os.environ, XLA_FLAGS=flags, _JAXSMP_XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", DOUBLE_BUFFERING_PROBE], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:2] == ["1 ['4']", "8 ['1']"], run.stdout
+
+
+def test_only_jaxsmp_s_own_double_buffering_is_turned_off():
+    flag = f"{xla_flags.DOUBLE_BUFFERING}=true"
+    ours = {"_JAXSMP_XLA_FLAGS": flag, "XLA_FLAGS": flag}
+    off = {"xla_gpu_enable_while_loop_double_buffering": False}
+    assert xla_flags.step_compiler_options(1, ours) == off
+    assert xla_flags.step_compiler_options(8, ours) == {}
+    assert xla_flags.step_compiler_options(1, {"XLA_FLAGS": flag}) == {}   # the user's
