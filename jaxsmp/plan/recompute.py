@@ -49,18 +49,21 @@ def matmul_flops(jaxpr) -> float:
     return total
 
 
-def recomputed_share(layer_loss: Callable[[str], tuple[Callable, tuple]], remat: str) -> float:
+def layer_matmul_flops(layer_loss: Callable[[str], tuple[Callable, tuple]], policy: str,
+                       grad: bool) -> float:
+    """The Linears' GEMM FLOPs of one layer's forward (``grad`` False) or forward and
+    backward under ``policy``: ``layer_loss(policy)`` gives a loss of the layer's output
+    under that policy and its abstract arguments."""
+    loss, arguments = layer_loss(policy)
+    fn = jax.grad(loss, argnums=(0, 1)) if grad else loss
+    return matmul_flops(jax.make_jaxpr(fn)(*arguments).jaxpr)
+
+
+def recomputed_share(counted: Callable[[str, bool], float], remat: str) -> float:
     """The GEMM FLOPs the backward pass of one layer under ``remat`` runs beyond
-    ``none``'s, over its forward's: ``layer_loss(policy)`` gives a loss of the layer's
-    output under that policy and its abstract arguments."""
+    ``none``'s, over its forward's; ``counted(policy, grad)``: :func:`layer_matmul_flops`."""
     if remat == "none":
         return 0.0
     if remat == "offload":   # save_matmuls' program, its residuals in host memory
         remat = "save_matmuls"
-
-    def counted(policy: str, grad: bool) -> float:
-        loss, arguments = layer_loss(policy)
-        fn = jax.grad(loss, argnums=(0, 1)) if grad else loss
-        return matmul_flops(jax.make_jaxpr(fn)(*arguments).jaxpr)
-    forward = counted("none", grad=False)
-    return (counted(remat, grad=True) - counted("none", grad=True)) / forward
+    return (counted(remat, True) - counted("none", True)) / counted("none", False)

@@ -29,7 +29,7 @@ from jaxsmp.nn.remat import POLICIES
 from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scale
 from jaxsmp.plan.hardware import ATTENTION_KERNELS
-from jaxsmp.plan.recompute import recomputed_share
+from jaxsmp.plan.recompute import layer_matmul_flops, recomputed_share
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 from pallas_kernels.attention import decide_impl
@@ -37,6 +37,9 @@ from pallas_kernels.attention import decide_impl
 # Tokens of the abstract trace that measures a layer's residuals (their count per token
 # does not depend on it). The odd length tells per-token residuals from per-layer ones.
 _TRACE_BATCH, _TRACE_SEQ = 1, 13
+# layer GEMM FLOPs per (traced model config, remat policy, with the backward): the trace
+# does not depend on the workload's sequence length
+_LAYER_FLOPS: dict[tuple, float] = {}
 # The axes ZeRO-3 shards parameters over and the step gathers them from (sharding.rules).
 _ZERO = ("sdp", "cp")
 
@@ -309,7 +312,20 @@ class Workload:
         ``remat``, counted in JAX's program (:mod:`jaxsmp.plan.recompute`)."""
         if remat not in POLICIES:
             raise ValueError(f"unknown remat policy {remat!r}; valid: {POLICIES}")
-        return recomputed_share(lambda policy: self.layer_loss(policy, jnp.bfloat16), remat)
+        return recomputed_share(self._layer_matmul_flops, remat)
+
+    def _layer_matmul_flops(self, policy: str, grad: bool) -> float:
+        # traced at a fixed small shape: one count per model config, whatever the workload
+        def count() -> float:
+            return layer_matmul_flops(lambda p: self.layer_loss(p, jnp.bfloat16), policy, grad)
+        key = (self._traced, policy, grad)
+        try:
+            hash(key)
+        except TypeError:   # a config that cannot be a key is counted each time
+            return count()
+        if key not in _LAYER_FLOPS:
+            _LAYER_FLOPS[key] = count()
+        return _LAYER_FLOPS[key]
 
     def layer_loss(self, remat: str, dtype) -> tuple[Any, tuple]:
         """(a loss of one stacked layer's output under jaxsmp's remat policy ``remat``,
