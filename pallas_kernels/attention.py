@@ -26,14 +26,15 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.blockwise import blockwise_attention
-from pallas_kernels.padding import pad_for_pallas
+from pallas_kernels.flash_tuning import seq_multiple
+from pallas_kernels.padding import pad_for_pallas, padded_head_dim
 from pallas_kernels.reference import attention_reference
 
 IMPLS = ("auto", "reference", "blockwise", "pallas", "cudnn")
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-# Default (block_q, block_k), capped at the sequence length (for Pallas: at the
-# sequence length rounded up to a power of two).
-DEFAULT_BLOCKS = {"pallas": (64, 64), "blockwise": (512, 512)}
+# Blockwise's default (block_q, block_k), capped at the sequence length (Pallas: each
+# kernel's own, ``pallas_kernels.flash_tuning.LAUNCH``)
+DEFAULT_BLOCKS = {"blockwise": (512, 512)}
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128
 REFERENCE_SCORE_BYTES = 32 * 2**20  # off GPU, auto materialises scores up to this size
@@ -105,8 +106,10 @@ def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, alibi_slopes: jax.Ar
                          f"got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def _check_blocks(impl: str, seq_len: int, block_q: int, block_k: int) -> None:
+def _check_blocks(impl: str, seq_len: int, block_q: int | None, block_k: int | None) -> None:
     for name, block in (("block_q", block_q), ("block_k", block_k)):
+        if block is None:  # Pallas: each kernel's own
+            continue
         if impl == "blockwise" and (block < 1 or seq_len % block):
             raise ValueError(f"{name}={block} must be positive and divide seq len {seq_len} "
                              f"(blockwise inputs are not padded)")
@@ -130,8 +133,10 @@ def _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal) -> jax.Array:
 
 def _pallas(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, interpret):
     from pallas_kernels.flash_attention import flash_attention  # Triton: loaded on use
+    multiple = seq_multiple(padded_head_dim(q.shape[3]) * q.dtype.itemsize, q.shape[1],
+                            block_q, block_k)
     (q, k, v, segment_ids), unpad = pad_for_pallas(q, k, v, segment_ids, causal=causal,
-                                                   multiple=max(block_q, block_k))
+                                                   multiple=multiple)
 
     def run(interpret: bool) -> jax.Array:
         return flash_attention(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k,
@@ -144,11 +149,8 @@ def _pallas(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, inter
     return unpad(out)
 
 
-def _default_block(impl: str, which: int, seq_len: int) -> int:
-    block = DEFAULT_BLOCKS[impl][which]
-    if impl == "pallas":  # tiles are powers of two >= 16
-        return min(block, max(16, 1 << (seq_len - 1).bit_length()))
-    return min(block, seq_len)
+def _default_block(which: int, seq_len: int) -> int:
+    return min(DEFAULT_BLOCKS["blockwise"][which], seq_len)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
@@ -161,8 +163,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     ALiBi adds ``slope[h] * (k_pos - q_pos)`` to the scaled scores; ``segment_ids`` [b, s]
     restricts attention to equal ids (packed sequences). ``impl``: one of :data:`IMPLS`
     (``auto``: see the module docstring; ``platform`` is the one it decides for,
-    default: that of JAX's default device). Block sizes (blockwise and Pallas) default to
-    :data:`DEFAULT_BLOCKS`, capped at the sequence length. ``interpret`` runs the Pallas
+    default: that of JAX's default device). Block sizes default to :data:`DEFAULT_BLOCKS`
+    (blockwise) or each Pallas kernel's own (``flash_tuning.LAUNCH``), capped at the
+    sequence length; given, they apply to every Pallas kernel. ``interpret`` runs the Pallas
     kernels in JAX's interpreter (default: compiled by Triton when lowered for a GPU,
     interpreted for any other platform). ALiBi slopes
     are treated as constants by the blockwise and Pallas gradients.
@@ -185,8 +188,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
     if impl == "cudnn":
         return _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal)
     seq_len = q.shape[1]
-    block_q = _default_block(impl, 0, seq_len) if block_q is None else block_q
-    block_k = _default_block(impl, 1, seq_len) if block_k is None else block_k
+    if impl == "blockwise":
+        block_q = _default_block(0, seq_len) if block_q is None else block_q
+        block_k = _default_block(1, seq_len) if block_k is None else block_k
     _check_blocks(impl, seq_len, block_q, block_k)
     if alibi_slopes is not None:
         alibi_slopes = jax.lax.stop_gradient(alibi_slopes.astype(jnp.float32))

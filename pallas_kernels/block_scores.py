@@ -71,3 +71,19 @@ def num_key_blocks(q_start: jax.Array, *, block_q: int, block_k: int, seq_len: i
         return jnp.int32(seq_len // block_k)
     start = jnp.asarray(q_start).astype(jnp.int32)
     return lax.div(start + jnp.int32(block_q + block_k - 1), jnp.int32(block_k))
+
+
+def unmasked_key_blocks(q_start: jax.Array, *, block_k: int) -> jax.Array:
+    """Key blocks whose every key precedes a query block starting at ``q_start`` (the
+    causal mask leaves them whole: their scores skip it), as int32."""
+    start = jnp.asarray(q_start).astype(jnp.int32)
+    return lax.div(start + jnp.int32(1), jnp.int32(block_k))
+
+
+def first_unmasked_query_block(k_start: jax.Array, *, block_q: int, block_k: int,
+                               num_q_blocks: int) -> jax.Array:
+    """The first query block whose every query follows a key block starting at
+    ``k_start`` (from it on the causal mask leaves the tiles whole), as int32."""
+    last_key = jnp.asarray(k_start).astype(jnp.int32) + jnp.int32(block_k - 1)
+    first = lax.div(last_key + jnp.int32(block_q - 1), jnp.int32(block_q))
+    return jnp.minimum(first, jnp.int32(num_q_blocks))

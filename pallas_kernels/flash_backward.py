@@ -11,16 +11,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.block_scores import (
     block_scores,
     dot_nn,
     dot_nt,
     dot_tn,
+    first_unmasked_query_block,
     key_block_scores,
     num_key_blocks,
+    unmasked_key_blocks,
 )
+from pallas_kernels.flash_tuning import Launch, compiler_params
 from pallas_kernels.vma import match_vma, out_struct
 
 
@@ -33,9 +35,9 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_r
     slope = None if slope_ref is None else slope_ref[...]
     q_segments = None if seg_ref is None else seg_ref[pl.ds(q_start, block_q)]
 
-    def body(kb, dq):
+    def body(masked: bool, kb, dq):
         k, v, s = key_block_scores(q, k_ref, v_ref, seg_ref, kb, block_k=block_k, scale=scale,
-                                   q_start=q_start, causal=causal, slope=slope,
+                                   q_start=q_start, causal=masked, slope=slope,
                                    q_segments=q_segments)
         p = jnp.exp(s - lse[:, None])
         ds = p * (dot_nt(do, v) - delta[:, None])
@@ -43,7 +45,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_r
 
     num_k_blocks = num_key_blocks(q_start, block_q=block_q, block_k=block_k,
                                   seq_len=seq_len, causal=causal)
-    dq = lax.fori_loop(0, num_k_blocks, body, jnp.zeros((block_q, head_dim), jnp.float32))
+    whole = unmasked_key_blocks(q_start, block_k=block_k) if causal else num_k_blocks
+    dq = lax.fori_loop(0, whole, functools.partial(body, False),
+                       jnp.zeros((block_q, head_dim), jnp.float32))
+    dq = lax.fori_loop(whole, num_k_blocks, functools.partial(body, causal), dq)
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
 
@@ -57,7 +62,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
     # Causal: query blocks ending before this key block's first row are fully masked.
     first_q_block = lax.div(k_start, jnp.int32(block_q)) if causal else jnp.int32(0)
 
-    def q_block(g, qb, carry):
+    def q_block(g, masked, qb, carry):
         dk, dv = carry
         q_start = qb * block_q
         q = q_ref[pl.ds(q_start, block_q), g, :]
@@ -66,7 +71,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
         delta = delta_ref[g, pl.ds(q_start, block_q)]
         slope = None if slope_ref is None else slope_ref[g]
         q_segments = None if seg_ref is None else seg_ref[pl.ds(q_start, block_q)]
-        s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=causal,
+        s = block_scores(q, k, scale=scale, q_start=q_start, k_start=k_start, causal=masked,
                          slope=slope, q_segments=q_segments, k_segments=k_segments)
         p = jnp.exp(s - lse[:, None])
         dv = dv + dot_tn(p.astype(do.dtype), do)
@@ -74,9 +79,16 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
         dk = dk + dot_tn(ds.astype(q.dtype), q)
         return dk, dv
 
+    num_q_blocks = seq_len // block_q
+    # causal: the query blocks below the diagonal skip the mask, those on it apply it
+    whole = (first_unmasked_query_block(k_start, block_q=block_q, block_k=block_k,
+                                        num_q_blocks=num_q_blocks) if causal else first_q_block)
+
     def group(g, carry):
-        return lax.fori_loop(first_q_block, jnp.int32(seq_len // block_q),
-                             functools.partial(q_block, g), carry)
+        carry = lax.fori_loop(first_q_block, whole, functools.partial(q_block, g, causal),
+                              carry)
+        return lax.fori_loop(whole, jnp.int32(num_q_blocks),
+                             functools.partial(q_block, g, False), carry)
 
     zeros = jnp.zeros((block_k, head_dim), jnp.float32)
     dk, dv = lax.fori_loop(0, groups, group, (zeros, zeros))
@@ -84,13 +96,10 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, slope_ref, seg_
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _compiler_params(head_dim: int) -> plgpu.CompilerParams:
-    return plgpu.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
-
-
 def flash_dq(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, causal: bool,
-             block_q: int, block_k: int, interpret: bool = False) -> jax.Array:
+             launch: Launch, interpret: bool = False) -> jax.Array:
     """dq [b, s, h, d]; lse and delta are float32 [b, h, s]."""
+    block_q, block_k = launch.block_q, launch.block_k
     q, k, v, do, lse, delta, slopes, segment_ids = match_vma(
         (q, k, v, do, lse, delta, slopes, segment_ids), q, k, v, do, lse, segment_ids)
     batch, seq_len, heads, head_dim = q.shape
@@ -110,16 +119,16 @@ def flash_dq(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, caus
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, slope_spec, seg_spec],
         out_specs=q_spec,
         out_shape=out_struct(q.shape, q.dtype, q),
-        compiler_params=_compiler_params(head_dim),
+        compiler_params=compiler_params(launch),
         interpret=interpret,
         name="flash_attention_dq",
     )(q, k, v, do, lse, delta, slopes, segment_ids)
 
 
 def flash_dkv(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, causal: bool,
-              block_q: int, block_k: int,
-              interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+              launch: Launch, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """(dk, dv) [b, s, kv_heads, d], summed over the query heads of each kv head."""
+    block_q, block_k = launch.block_q, launch.block_k
     q, k, v, do, lse, delta, slopes, segment_ids = match_vma(
         (q, k, v, do, lse, delta, slopes, segment_ids), q, k, v, do, lse, segment_ids)
     batch, seq_len, heads, head_dim = q.shape
@@ -148,7 +157,7 @@ def flash_dkv(q, k, v, do, lse, delta, slopes, segment_ids, *, scale: float, cau
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec, slope_spec, seg_spec],
         out_specs=[kv_spec, kv_spec],
         out_shape=[out_struct(k.shape, k.dtype, q), out_struct(v.shape, v.dtype, q)],
-        compiler_params=_compiler_params(head_dim),
+        compiler_params=compiler_params(launch),
         interpret=interpret,
         name="flash_attention_dkv",
     )(q5, k, v, do5, lse4, delta4, slopes, segment_ids)

@@ -80,6 +80,27 @@ def test_attention_compiles_for_a100_too():
     assert "__cudnn$fmha" in text
 
 
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-40GB"])
+@pytest.mark.parametrize("dtype, head_dim", [("bfloat16", 64), ("bfloat16", 128),
+                                             ("bfloat16", 256), ("float32", 256)])
+def test_each_pallas_launch_compiles_for_the_gpu(gpu, dtype, head_dim, triton_target_gpu):
+    """Each entry of ``pallas_kernels.flash_tuning.LAUNCH`` (tiles, warps, stages) fits
+    the GPU's shared memory: Triton compiles the forward, dq and dk/dv kernels. Before
+    float32 at head dim 256 had its own entry it asked for 256 KiB on H100 (227 there)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from pallas_kernels.attention import attention
+    mesh = Mesh(np.array(gpu_target.topology(gpu, gpus_per_host=1)), ("x",))
+    shape = jax.ShapeDtypeStruct((1, 1024, 2, head_dim), np.dtype(jax.numpy.dtype(dtype)),
+                                 sharding=NamedSharding(mesh, PartitionSpec()))
+
+    def loss(q, k, v):
+        return attention(q, k, v, causal=True, impl="pallas").astype(np.float32).sum()
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape).compile(
+    ).as_text()
+    assert text.count('custom_call_target="__gpu$xla.gpu.triton"') == 3
+
+
 def test_a_gpu_name_without_a_target_is_refused():
     with pytest.raises(ValueError, match="no GPU target for 'V100'.*valid"):
         gpu_target.topology("V100")
