@@ -52,6 +52,14 @@ def test_rows_share_a_worker_on_cpu_and_get_one_each_when_isolated():
     assert runner.groups(rows, isolate=True) == [[0], [1], [2], [3]]
 
 
+def test_only_keeps_the_rows_whose_label_holds_its_text():
+    rows = [{"label": "llama 7b-width seq 2048 jaxsmp"}, {"label": "gpt_neox 1.3b seq 2048"}]
+    assert runner.chosen("training", rows, "llama") == rows[:1]
+    assert runner.chosen("training", rows, None) == rows
+    assert runner.chosen("environment", rows, "llama") == rows
+    assert runner.parse(["--only", "llama"]).only == "llama"
+
+
 def test_attention_flops_follow_flash_attentions_causal_convention():
     row = {"batch": 1, "heads": 16, "seq": 2048, "head_dim": 128}
     assert attention.flops(row) == 3.5 * 4 * 16 * 2048 ** 2 * 128 / 2

@@ -40,6 +40,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", choices=[s for s, _ in SECTIONS],
                         default=[s for s, _ in SECTIONS],
                         help="run only these (environment always runs)")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="run only the rows whose label holds TEXT (e.g. 'llama')")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the results (and the workers' log) here")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
@@ -176,10 +178,17 @@ def groups(rows: list[dict], isolate: bool) -> list[list[int]]:
     return out
 
 
+def chosen(section: str, rows: list[dict], only: str | None) -> list[dict]:
+    """The rows ``--only`` keeps: those whose label holds its text (the environment's
+    all)."""
+    return rows if section == "environment" or only is None else [
+        r for r in rows if only in r["label"]]
+
+
 def run_section(name: str, module, results: dict, ctx: dict, workers: Workers,
                 deadline: float, save) -> None:
     try:
-        rows = module.rows(ctx, results)
+        rows = chosen(name, module.rows(ctx, results), ctx.get("only"))
     except Exception as error:  # recorded; the next section runs
         results[name] = {"title": module.TITLE, "rows": [], "stopped":
                          f"its rows could not be set up: {first_line(error)}"}
@@ -236,7 +245,8 @@ def main(argv: list[str] | None = None, base_env: dict | None = None) -> int:
 
 def run_all(args, results: dict, workers: Workers, writer, end: float) -> None:
     chosen = [(s, w) for s, w in SECTIONS if s == "environment" or s in args.sections]
-    ctx: dict = {"smoke": args.smoke, "target_s": 1.0 if args.smoke else 4.0}
+    ctx: dict = {"smoke": args.smoke, "target_s": 1.0 if args.smoke else 4.0,
+                 "only": args.only}
     for k, (name, share) in enumerate(chosen):
         left = sum(w for _, w in chosen[k:])
         deadline = (time.time() + ENVIRONMENT_S if name == "environment" else
