@@ -153,6 +153,9 @@ ALPHA_INTRA, ALPHA_INTER = 3.4e-6, 14e-6
 # the same paper (figs. 5-6, head dim 128, 4k tokens): forward (causal) 518 and backward
 # 499 TFLOPS, 504 in the backward's 2.5:1 FLOP ratio: 0.51 of 989, 1.6x FlashAttention-2
 # there (319, 310). No published comparison on A100 was found: FlashAttention-2's rate.
+# pallas_kernels' FlashAttention is priced at FlashAttention-2's rate in its own FLOPs (9
+# score-sized matmuls): measured 0.29 to 0.41 of 989 TFLOP/s on one H200 at 2k and 8k
+# tokens, head dim 64 and 128 (bench/results/2026-11-27-nvidia-h200-attention-tuned.md).
 # Activation offload's rate to pinned host memory and back (remat="offload", overlapped
 # with compute as the planner prices it) of a GPU alone on its PCIe x16 link: measured on
 # one H200 (Gen5; GPT-NeoX 1.3b, seq 2048, bench/results/2026-11-27-nvidia-h200): 35.7
