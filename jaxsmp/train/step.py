@@ -31,6 +31,7 @@ from jaxsmp.pipeline.plan import PipelinePlan
 from jaxsmp.train import activation_gather, fp8_state, manual, stage_costs
 from jaxsmp.train.batch import place_batch
 from jaxsmp.train.explain import Explanation, explain_step
+from jaxsmp.train.first_run import FirstRuns
 from jaxsmp.train.forward import LossFn, local_forward
 from jaxsmp.train.options import StepOptions
 from jaxsmp.train.precision import precision_policy
@@ -180,6 +181,7 @@ class TrainStep(_Step):
         super().__init__(fn, options)
         self._compiled: dict = {}
         self._offloads_checked: set = set()  # (jit key, batch shapes) compiled and checked
+        self._first_runs = FirstRuns()
 
     def _jitted(self, state: TrainState, plan: PipelinePlan, gradients_only: bool = False):
         key = (jax.tree.structure(state), plan, gradients_only)
@@ -238,6 +240,7 @@ class TrainStep(_Step):
         jitted = self._jitted(state, plan)
         if self.options.remat == "offload":
             self._check_offloads(jitted, plan, state, batch)
+        self._first_runs.meet(jitted, plan, state, batch)
         return jitted(state, batch)
 
     def _check_offloads(self, jitted, plan: PipelinePlan, state: TrainState, batch: Any):
@@ -253,7 +256,9 @@ class TrainStep(_Step):
         parameters, unscaled, before clipping; and the metrics ``loss``, ``grad_norm``
         and the loss function's own. ``state`` is not donated."""
         state, batch, plan = self._prepare(state, batch, self.options.microbatches)
-        return self._jitted(state, plan, gradients_only=True)(state, batch)
+        jitted = self._jitted(state, plan, gradients_only=True)
+        self._first_runs.meet(jitted, plan, state, batch)
+        return jitted(state, batch)
 
     def lower(self, state: TrainState, batch: Any, platforms: tuple[str, ...] | None = None):
         """The lowered step (for ``.compile().memory_analysis()`` and cost analysis).
@@ -273,6 +278,7 @@ class EvalStep(_Step):
     def __init__(self, fn: LossFn, options: StepOptions):
         super().__init__(fn, options)
         self._jits: dict = {}  # one jit per resolved plan
+        self._first_runs = FirstRuns()
 
     def _eval(self, plan: PipelinePlan, state: TrainState, batch: Any) -> dict:
         mesh, forward = state.mesh, self._forward(state)
@@ -289,7 +295,9 @@ class EvalStep(_Step):
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         state, batch, plan = self._prepare(state, batch, self._microbatches(state))
-        return self._jitted(plan, state.mesh.jax_mesh.size)(state, batch)
+        jitted = self._jitted(plan, state.mesh.jax_mesh.size)
+        self._first_runs.meet(jitted, plan, state, batch)
+        return jitted(state, batch)
 
     def lower(self, state: TrainState, batch: Any):
         """The lowered evaluation (``state`` and ``batch`` may be abstract), as calling

@@ -193,3 +193,18 @@ def test_a_dead_process_stops_the_others_quickly():
     assert proc.returncode == 3
     assert "process 1 exited with code 3" in proc.stderr
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+def test_a_process_late_to_its_first_step_is_waited_for():
+    """Process 1 starts its first step 40 s after process 0 (``late_worker.py``): past
+    gloo's fixed 30 s rendezvous, which failed the run (``Gloo context initialization
+    failed: DEADLINE_EXCEEDED``) before the step met at a barrier first
+    (``jaxsmp/train/first_run.py``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxsmp.launch", "--hosts", "2", "--devices-per-host", "2",
+         "--timeout", "400", str(ROOT / "tests" / "jaxsmp" / "late_worker.py")],
+        capture_output=True, text=True, timeout=460)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = _losses(proc.stdout)
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
