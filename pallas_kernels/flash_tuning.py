@@ -1,12 +1,15 @@
 """Launch settings of the Pallas FlashAttention kernels, per kernel and head dim: tile
 sizes, warps and software-pipeline stages.
 
-Measured on one H200 (jax 0.11.2, Triton; ``bench/pallas_sweep.py``: seq 8192, causal,
-bf16, 2026-11-27); each is the fastest of 48 or within 2% of it where the fastest needs
-more shared memory than an A100 has. Keyed by the bytes of a row of q, so float32 takes
-the entry of a bfloat16 head dim twice its own; rows of 512 bytes keep the earlier 64 x 64
-tiles, 8 warps, 2 stages, and float32 at head dim 256 takes 32 x 32 tiles.
-``tests/pallas_kernels/test_flash_tuning.py`` compiles each for H100 and A100.
+The entries of 128 and 256 bytes were measured at bf16 head dims 64 and 128 on one H200
+(jax 0.11.2, Triton; ``bench/pallas_sweep.py``: seq 8192, causal, 2026-11-27): each is
+the fastest of 48 settings, except dk/dv at head dim 64, which takes the second (1.4%
+slower, half the query tile: less shared memory). Keyed by the bytes of a row of q, so
+smaller head dims take the first entry and float32 the entry of a bfloat16 head dim
+twice its own. Rows of 512 bytes keep the earlier 64 x 64
+tiles, 8 warps, 2 stages; float32 at head dim 256 takes 32 x 32 tiles, 1 stage, chosen
+to fit, not measured. ``tests/jaxsmp/test_gpu_compile.py`` compiles each for H100 and
+A100 (``test_each_pallas_launch_compiles_for_the_gpu``).
 """
 from __future__ import annotations
 
