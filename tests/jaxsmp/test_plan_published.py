@@ -123,3 +123,15 @@ def test_each_published_run_is_priced_with_the_attention_kernel_it_ran(bench):
     assert all(k == "flash2" for n, k in kernels.items() if n.startswith(("MPT", "torchtitan")))
     assert kernels["GPT-NeoX-20B"] is kernels["BLOOM-176B"] is None
     assert sum(k == "cudnn" for k in kernels.values()) == 12
+
+
+@pytest.mark.slow
+def test_the_bias_table_groups_every_held_out_row_once(result):
+    spec = importlib.util.spec_from_file_location("plan_bias", BENCH.parent / "plan_bias.py")
+    bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bias)
+    grouped = bias.groups(result)
+    assert sorted(e for errors in grouped.values() for e in errors) == sorted(
+        result["held_out"].values())
+    assert {frame for frame, _, _ in grouped} == {"llm-foundry", "MaxText", "torchtitan",
+                                                   "Megatron"}
