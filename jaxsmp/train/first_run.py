@@ -5,8 +5,9 @@ XLA:CPU's gloo collectives give the processes a fixed 30 s to join a device grou
 first collective (gloo's default rendezvous timeout, which XLA does not expose); a
 process still compiling on a loaded host can be later than that, and the run fails with
 ``Gloo context initialization failed: DEADLINE_EXCEEDED``. So each process compiles
-first (the call after it loads the same executable from JAX's cache) and waits at a
-barrier of JAX's coordination service, which takes minutes, before the first run.
+first and waits at a barrier of JAX's coordination service, which allows minutes,
+before the first run. The call after it traces the step again (once per program) and
+takes the executable from JAX's in-memory compilation cache.
 """
 from __future__ import annotations
 
