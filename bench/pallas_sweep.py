@@ -4,6 +4,7 @@ to every tile (before 2026-11-27) and to the diagonal tiles only; then forward +
 end to end against cuDNN and JAX's own Pallas attention (``jax.experimental.pallas.ops.gpu``).
 
     python bench/pallas_sweep.py --out "$OUT" --budget 240     # on the GPU machine
+    python bench/pallas_sweep.py --seq 32768 --dims 64 ...     # another shape
     python bench/pallas_sweep.py --smoke                        # CPU, interpret mode
 
 Kernels are lowered one by one (the launch settings are patched in) and compiled in
@@ -23,10 +24,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-GPU = {"seq": 8192, "tokens": 32768, "width": 2048, "dims": (64, 128),
+GPU = {"seq": 8192, "tokens": 32768, "width": 2048, "dims": (64, 128), "interpret": False,
        "blocks": ((64, 64), (128, 64), (64, 128), (128, 128), (128, 32), (32, 128),
                   (64, 32), (32, 64)), "warps": (4, 8), "stages": (1, 2, 3)}
-SMOKE = {"seq": 64, "tokens": 64, "width": 64, "dims": (16, 32),
+SMOKE = {"seq": 64, "tokens": 64, "width": 64, "dims": (16, 32), "interpret": True,
          "blocks": ((16, 16), (32, 16)), "warps": (4,), "stages": (2,)}
 MATMULS = {"forward": 2, "dq": 3, "dkv": 4}
 TOP = 3   # configurations per kernel and head dim timed again with the mask on every tile
@@ -37,6 +38,10 @@ def parse(argv):
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--budget", type=float, default=240.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--seq", type=int, default=None,
+                        help=f"sequence length (default {GPU['seq']}; 32,768 tokens a call)")
+    parser.add_argument("--dims", type=int, nargs="+", default=None,
+                        help=f"head dims (default {' '.join(map(str, GPU['dims']))})")
     return parser.parse_args(argv)
 
 
@@ -72,7 +77,7 @@ def inputs(dim: int, shape: dict):
                    for key in keys)
     out, lse = jax.jit(lambda q, k, v: flash_forward(
         q, k, v, None, None, scale=dim ** -0.5, causal=True,
-        launch=Launch(*shape["blocks"][0], 4, 2), interpret=shape is SMOKE))(q, k, v)
+        launch=Launch(*shape["blocks"][0], 4, 2), interpret=shape["interpret"]))(q, k, v)
     delta = jnp.einsum("bshd,bshd->bhs", out.astype(jnp.float32), do.astype(jnp.float32))
     return {"forward": (q, k, v), "dq": (q, k, v, do, lse, delta),
             "dkv": (q, k, v, do, lse, delta)}, batch * heads * shape["seq"] ** 2 * dim
@@ -256,7 +261,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     if args.smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    shape = SMOKE if args.smoke else GPU
+    shape = dict(SMOKE if args.smoke else GPU)
+    shape.update({k: v for k, v in (("seq", args.seq), ("dims", args.dims)) if v})
     start, results = time.time(), {"budget_s": args.budget}
     end = start + args.budget
     log = sys.stderr
