@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.blockwise import blockwise_attention
-from pallas_kernels.flash_tuning import seq_multiple
-from pallas_kernels.padding import pad_for_pallas, padded_head_dim
+from pallas_kernels.flash_tuning import row_bytes, seq_multiple
+from pallas_kernels.padding import pad_for_pallas
 from pallas_kernels.reference import attention_reference
 
 IMPLS = ("auto", "reference", "blockwise", "pallas", "cudnn")
@@ -133,8 +133,7 @@ def _cudnn(q, k, v, alibi_slopes, segment_ids, scale, causal) -> jax.Array:
 
 def _pallas(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, interpret):
     from pallas_kernels.flash_attention import flash_attention  # Triton: loaded on use
-    multiple = seq_multiple(padded_head_dim(q.shape[3]) * q.dtype.itemsize, q.shape[1],
-                            block_q, block_k)
+    multiple = seq_multiple(row_bytes(q.shape[3], q.dtype), q.shape[1], block_q, block_k)
     (q, k, v, segment_ids), unpad = pad_for_pallas(q, k, v, segment_ids, causal=causal,
                                                    multiple=multiple)
 

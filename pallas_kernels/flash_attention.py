@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.flash_backward import flash_dkv, flash_dq
 from pallas_kernels.flash_forward import flash_forward
-from pallas_kernels.flash_tuning import launch
+from pallas_kernels.flash_tuning import launch, row_bytes
 from pallas_kernels.interpret import run_unvarying
 
 
@@ -30,7 +30,7 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, slopes: jax.Array 
 
 
 def _launch(kernel: str, q: jax.Array, block_q: int | None, block_k: int | None):
-    return launch(kernel, q.shape[3] * q.dtype.itemsize, q.shape[1], block_q, block_k)
+    return launch(kernel, row_bytes(q.shape[3], q.dtype), q.shape[1], block_q, block_k)
 
 
 def _fwd(q, k, v, slopes, segment_ids, scale, causal, block_q, block_k, interpret):

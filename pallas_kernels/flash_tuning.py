@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from pallas_kernels.padding import padded_head_dim
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -36,6 +40,12 @@ LAUNCH = {
     "dkv": {128: Launch(64, 128, 4, 3), 256: Launch(64, 64, 4, 2), 512: Launch(64, 64, 8, 2),
             1024: SMALL},
 }
+
+
+def row_bytes(head_dim: int, dtype) -> int:
+    """The table's key: the bytes of one row of q, its head dim padded as the kernels run
+    it (``padding.padded_head_dim``)."""
+    return padded_head_dim(head_dim) * np.dtype(dtype).itemsize
 
 
 def _tile_cap(seq_len: int) -> int:
