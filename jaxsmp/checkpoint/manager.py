@@ -2,6 +2,7 @@
 last K, and resume from the latest complete checkpoint."""
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
 from typing import Literal
@@ -19,6 +20,25 @@ from jaxsmp.train.state import TrainState
 
 ResumeMode = Literal["auto", "require", "never"]
 RESUME_MODES = ("auto", "require", "never")
+AGREE_TIMEOUT_MS = 600_000   # how long a process waits for process 0's answer
+_QUESTIONS = itertools.count()   # one key per question; every process asks alike
+
+
+def _agreed_isdir(directory: str) -> bool:
+    """Whether ``directory`` exists, as process 0 sees it, told to every process through
+    JAX's coordination service. Opening orbax's store is a collective, so the processes
+    must decide alike whether to open it; each looking for itself disagrees whenever
+    process 0 creates the directory in between (the trainer writes its config there),
+    and the one that opened the store waits for the others forever."""
+    here = os.path.isdir(directory)
+    if jax.process_count() == 1:
+        return here
+    from orbax.checkpoint import multihost
+    client = multihost.get_jax_distributed_client()
+    key = f"jaxsmp_checkpoint_dir_exists_{next(_QUESTIONS)}"
+    if jax.process_index() == 0:
+        client.key_value_set(key, str(int(here)))
+    return client.blocking_key_value_get(key, AGREE_TIMEOUT_MS) == "1"
 
 
 def step_of(state: TrainState) -> int:
@@ -58,7 +78,7 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """Steps of complete checkpoints, oldest first."""
-        if self._opened is None and not os.path.isdir(self.directory):
+        if self._opened is None and not _agreed_isdir(self.directory):
             return []
         return sorted(self._store.all_steps())
 

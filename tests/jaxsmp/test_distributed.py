@@ -208,3 +208,18 @@ def test_a_process_late_to_its_first_step_is_waited_for():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = _losses(proc.stdout)
     assert len(losses) == 2 and all(0 < loss < 10 for loss in losses), losses
+
+
+@pytest.mark.slow
+def test_processes_agree_whether_a_checkpoint_directory_exists(tmp_path):
+    """Process 0 creates the directory between its look and process 1's
+    (``checkpoint_dir_worker.py``): each looking for itself, process 1 opened orbax's
+    store (a collective) alone and the run hung, as the trainer did when its config
+    landed in the checkpoint directory first."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxsmp.launch", "--hosts", "2", "--devices-per-host", "1",
+         "--timeout", "200", str(ROOT / "tests" / "jaxsmp" / "checkpoint_dir_worker.py"),
+         str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=260)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "process 0 found steps []" in proc.stdout
+    assert "process 1 found steps []" in proc.stdout
