@@ -1,7 +1,9 @@
 """The command-line entry point the example scripts share."""
 from __future__ import annotations
 
+import faulthandler
 import json
+import signal
 import sys
 
 import jax
@@ -39,12 +41,21 @@ def _join_cluster(cfg) -> None:
         sys.exit(2)
 
 
+def _stacks_on_request() -> None:
+    """``kill -USR2 <pid>`` prints every thread's Python stack to stderr and training goes
+    on: where a hung worker of a cluster job waits (not SIGUSR1, which SLURM's
+    ``--signal`` often sends)."""
+    if hasattr(signal, "SIGUSR2"):
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+
+
 def main(argv: list[str] | None = None, **defaults) -> None:
     """Parses flags (and ``--config``) over ``defaults`` (an example script's, e.g.
     ``model="bloom"``), joins the cluster described by the environment (or simulates
     ``--simulate-devices`` CPU devices for a single process), trains, and prints the
     losses (process 0). Exits with status 2 on a bad setting, 1 on a checkpoint problem
-    and :data:`PREEMPTED_EXIT_CODE` after a stop signal."""
+    and :data:`PREEMPTED_EXIT_CODE` after a stop signal; SIGUSR2 prints its stacks."""
+    _stacks_on_request()
     try:
         cfg = parse_args(argv, **defaults)
     except ConfigError as err:  # before any device work or compilation

@@ -49,6 +49,22 @@ def test_sigterm_saves_exits_75_and_the_same_command_resumes_exactly(tmp_path):
     assert logged == whole.losses
 
 
+@pytest.mark.slow
+def test_sigusr2_prints_every_stack_and_training_goes_on(tmp_path):
+    proc = subprocess.Popen(_command(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 2/16 |"):
+            proc.send_signal(signal.SIGUSR2)
+    out = "".join(lines)
+    assert proc.wait(timeout=300) == 0, out[-3000:]  # SIGUSR2's default action ends it
+    dump = out[out.index("step 2/16 |"):]
+    assert "most recent call first" in dump and 'File "' in dump, out[-3000:]
+    assert "step 16/16 |" in dump
+
+
 def test_sigint_is_caught_once_and_the_second_one_interrupts():
     before = signal.getsignal(signal.SIGINT)
     with StopSignals() as signals:

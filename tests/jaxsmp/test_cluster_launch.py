@@ -267,13 +267,26 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _stacks(pid: int, log: Path) -> str:
+    """The Python stacks of ``pid``'s workers (the trainer prints them on SIGUSR2): where
+    a run that stopped making progress waits."""
+    before = len(log.read_text())
+    for worker in _children(pid):
+        os.kill(worker, signal.SIGUSR2)
+    time.sleep(3)
+    return "stacks of the workers:\n" + log.read_text()[before:]
+
+
 def _torchrun_until_stopped(command: list[str], ckpt: Path, log: Path, env: dict) -> str:
     """Runs ``command`` until step 2 is saved, stops it with SIGTERM; its output."""
     with open(log, "w") as sink:
         first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink,
                                  stderr=subprocess.STDOUT)
     try:
-        _wait_for_checkpoint(ckpt, lambda: first.poll() is None, log)
+        try:
+            _wait_for_checkpoint(ckpt, lambda: first.poll() is None, log)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{_stacks(first.pid, log)}") from None
         first.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
         first.wait(timeout=120)
     finally:
