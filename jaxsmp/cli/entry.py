@@ -45,8 +45,9 @@ def _stacks_on_request() -> None:
     """``kill -USR2 <pid>`` prints every thread's Python stack to stderr and training goes
     on: where a hung worker of a cluster job waits (not SIGUSR1, which SLURM's
     ``--signal`` often sends)."""
-    if hasattr(signal, "SIGUSR2"):
-        faulthandler.register(signal.SIGUSR2, all_threads=True)
+    stderr = sys.__stderr__   # the process's own: sys.stderr may be a capture, no file
+    if hasattr(signal, "SIGUSR2") and stderr is not None:
+        faulthandler.register(signal.SIGUSR2, file=stderr, all_threads=True)
 
 
 def main(argv: list[str] | None = None, **defaults) -> None:
