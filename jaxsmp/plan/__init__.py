@@ -40,14 +40,16 @@ where the step runs pallas_kernels' FlashAttention (ALiBi: Bloom), 3.5 (its 7).
 
 Memory (``memory.py``): float32 master parameters (4 B), AdamW state (8 B) and float32
 gradients per local parameter; a layer's saved activations are the residuals JAX's
-autodiff keeps for it (``saved_residuals`` of the model's own layer under jaxsmp's remat
-policy, traced abstractly; ``full`` keeps the layer input; ``offload`` moves what
-``save_matmuls`` keeps to host memory), split over tp where they carry heads or the MLP
-width (all of them with sequence parallelism); FlashAttention keeps no score matrix.
+autodiff keeps for it (``residuals.py``: the model's own layer under jaxsmp's remat
+policy, traced abstractly, differentiated in its parameters and input only, residuals
+that XLA's CSE merges counted once; ``full`` keeps the layer input; ``offload`` moves
+what ``save_matmuls`` keeps to host memory), split over tp where they carry heads or the
+MLP width (all of them with sequence parallelism); FlashAttention keeps no score matrix;
+activation gathering without remat also keeps each layer's gathered MLP input.
 The peak is the larger of two moments: the loss/head backward, and the first layer's
 backward with every layer's activations saved, its gathered weights, its gradient
 before the reduce-scatter (in ``reduce_dtype``) and its working set (its full activations when
-recomputed, half of them without remat). Pipelines hold ``m*v + p - 1``
+recomputed, 1.5 of them on XLA:CPU; 0.85 of them without remat, for their gradients). Pipelines hold ``m*v + p - 1``
 microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
 simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
 library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM

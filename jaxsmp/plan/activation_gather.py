@@ -20,12 +20,15 @@ class Split:
     elements (one layer's; outside the stack) kept split, not gathered;
     ``layer_collectives`` / ``top_collectives``: per microbatch, (count, shard bytes
     per device) of the activation-sized collectives and the shard moves that replace
-    their gathers, priced as all-gathers of that shard."""
+    their gathers, priced as all-gathers of that shard. ``layer_input``: elements per
+    device of a layer's gathered MLP input (the batch of the whole sdp group), which
+    its column Linears share and, without remat, the backward pass keeps."""
     axes: frozenset = frozenset()
     layer_weights: int = 0
     top_weights: int = 0
     layer_collectives: tuple[tuple[int, float], ...] = ()
     top_collectives: tuple[tuple[int, float], ...] = ()
+    layer_input: int = 0
 
     def seconds(self, cluster: Cluster, c: Candidate, top: bool = False) -> float:
         found = self.top_collectives if top else self.layer_collectives
@@ -47,4 +50,7 @@ def planned(w: Workload, c: Candidate, tokens: int, cbytes: int) -> Split:
 
     def weights(stacked: bool) -> int:
         return sum(math.prod(k[1]) for k in mine if k[2] == stacked)
-    return Split(axes, weights(True), weights(False), priced(True), priced(False))
+    # a layer's column Linears (output axis split) all read the MLP's input
+    widths = {k[1][0] for k in mine if k[2] and k[0][1] in axes}
+    return Split(axes, weights(True), weights(False), priced(True), priced(False),
+                 tokens * p * sum(widths))

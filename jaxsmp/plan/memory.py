@@ -32,9 +32,14 @@ _CPU_BLOCK = 512
 OPTIMIZER_BYTES_PER_PARAM = 8   # AdamW: float32 mu and nu
 # The loss keeps about this many bytes per logit: float32 logits and their gradient.
 LOGIT_BYTES = 8
-# Without remat, the backward of a layer needs room for its activations' gradients:
-# about this fraction of what the layer saved.
-NONE_WORKING = 0.5
+# What the backward pass of one layer holds beyond the saved activations, in layers'
+# worth of what a layer saves without remat (measured on compiled steps: XLA:GPU's in
+# bench/plan_memory_gpu.py, XLA:CPU's in tests/jaxsmp/test_plan_memory.py). Without
+# remat, its activations' gradients: 0.75 to 0.95 of a layer on XLA:GPU. With remat,
+# the recomputed activations: 1.0 on XLA:GPU (within 0.1 but where activation gathering
+# runs, where 0.5 less), 1.15 to 2.3 on XLA:CPU, which fuses less of the gradients.
+NONE_WORKING = 0.85
+RECOMPUTE_WORKING = {"gpu": 1.0, "cpu": 1.5}
 # precision="fp8": each Linear's float32 amax histories, one row per quantized tensor
 # (input, kernel, output gradient) of DEFAULT_HISTORY steps (jaxsmp.nn.fp8).
 AMAX_BYTES_PER_LINEAR = len(ROWS) * DEFAULT_HISTORY * 4
@@ -118,6 +123,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     layer = (shards.layer_gathered - unsplit * split.layer_weights) * c.tp // tp if gathers else 0
     top = (shards.top_gathered - unsplit * split.top_weights) * c.tp // tp if gathers else 0
     saved_split = cbytes * layers * split.layer_weights / c.sdp
+    if c.remat == "none":   # and the gathered MLP inputs, beyond the local rows
+        saved_split += cbytes * layers * split.layer_input * (1 - 1 / c.sdp)
     kept = _kept_layers(c, semantics, layers)
     accumulator = 4 * shards.local if c.grad_accum > 1 else 0
     saved = _saved_activations(w, c, tokens, layers, tp, backend) + saved_split
@@ -134,7 +141,8 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
         activations=saved, working=embedding,
         logits=head_tokens * w.vocab / tp * LOGIT_BYTES, phase="head")
     full = w.activations("none", c.precision, backend).per_device(tp, c.sequence_parallel)
-    working = (tokens * (full if c.remat != "none" else NONE_WORKING * full)
+    layers_held = NONE_WORKING if c.remat == "none" else RECOMPUTE_WORKING[backend]
+    working = (tokens * layers_held * full
                + moe.working_bytes(w, c, tokens, tp, cbytes, backend))   # the experts' buffers
     backward = MemoryBreakdown(
         **state,

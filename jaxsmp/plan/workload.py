@@ -2,8 +2,8 @@
 
 Everything comes from abstract shapes (``nnx.eval_shape``), the sharding rules
 (:func:`jaxsmp.sharding.rules.resolve_spec`) and JAX's own list of the residuals a layer
-saves for its backward pass (``saved_residuals``), so nothing is allocated and any model
-built from a :class:`jaxsmp.nn.Stack` is covered.
+saves for its backward pass (:mod:`jaxsmp.plan.residuals`), so nothing is allocated and
+any model built from a :class:`jaxsmp.nn.Stack` is covered.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax._src.ad_checkpoint import saved_residuals
 
 from collectives import axis_names
 from jaxsmp.checks import positive_int
@@ -30,6 +29,7 @@ from jaxsmp.nn.stack import Stack
 from jaxsmp.plan.calibration import ATTENTION_BACKWARD, MemoryScale, memory_scale
 from jaxsmp.plan.hardware import ATTENTION_KERNELS
 from jaxsmp.plan.recompute import layer_matmul_flops, recomputed_share
+from jaxsmp.plan.residuals import layer_residuals
 from jaxsmp.sharding.rules import DEFAULT_RULES, resolve_spec
 from jaxsmp.train.precision import precision_policy
 from pallas_kernels.attention import decide_impl
@@ -359,7 +359,7 @@ class Workload:
         tokens = _TRACE_BATCH * _TRACE_SEQ
         loss, arguments = self.layer_loss(remat, dtype)
         replicated = split = 0.0
-        for shape, source in saved_residuals(loss, *arguments):
+        for shape, source in layer_residuals(loss, *arguments):
             per_layer = "output of scan" in source or "argument h" in source
             if not per_layer or not self._per_token(shape.shape):
                 continue  # weights, per-channel constants, what all layers share

@@ -34,18 +34,17 @@ def test_a_plan_that_does_not_fit_is_said_so():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("remat, tolerance", [("full", 0.10), ("none", 0.35)])
-def test_the_memory_model_against_xla_gpu(remat, tolerance):
+@pytest.mark.parametrize("remat", ["full", "none"])
+def test_the_memory_model_against_xla_gpu(remat):
     # GPT-NeoX 1.3b, 8 x H100, sdp=8, 4 x 2048 tokens per GPU: the model's peak against
-    # XLA:GPU's, remat full / none (none: it counts activations XLA:GPU fuses away):
-    # jax 0.10.2 -7.8% / +27.6%, 0.11.2 -7.8% / +27.7%, 0.12.0.1 -2.9% / +31.0% (XLA 0.12
-    # keeps 0.5 GiB fewer temporaries without remat; the model is the same); since
-    # reduce_dtype="auto" (bf16 reduction) jax 0.10.2 -8.7% / +27.8% (the model's peak is
-    # the head's there; with jaxsmp's GPU flags +0.7% / +27.3%, docs/planner.md)
+    # XLA:GPU's, remat full / none. Until 2026-11-27 the model counted residuals the step
+    # does not keep (float32 copies of q and k for the rotary tables' gradient, the
+    # parallel residual's shared norm twice): -8.7% / +27.8% with jax 0.10.2, +27.7% with
+    # 0.11.2 and +31.0% with 0.12.0.1 without remat
     result = gpu_preflight("gpt_neox:1.3b", Candidate(1, 8, 1, 1, 4, 1, remat, "bf16"), 2048,
                            "H100-SXM")
     assert result.compiled.arguments == pytest.approx(result.predicted.arguments, rel=1e-3)
-    assert abs(result.error) < tolerance, result.summary()
+    assert abs(result.error) < 0.10, result.summary()
 
 
 @pytest.mark.slow
@@ -53,8 +52,9 @@ def test_the_memory_model_against_xla_gpu(remat, tolerance):
 def test_the_memory_model_follows_activation_gathering(remat):
     """GPT-NeoX-20B width, 4 layers, 2048 tokens per GPU on sdp=8: the step keeps the
     MLP and head weights split (activation_gather="auto"), and so does the model: its
-    peak within +2.1% / +0.6% of XLA:GPU's here (remat full / none). Priced as weight
-    gathering it is +27.8% / +19.5%, which 10% catches (jax 0.10.2)."""
+    peak within -0.8% / +0.5% of XLA:GPU's here (remat full / none). Priced as weight
+    gathering it is +27.8% / +19.5%, and without the gathered MLP inputs the step keeps
+    when it does not recompute, -14% without remat: 10% catches both (jax 0.10.2)."""
     from jaxsmp.plan.search import load_model
     config = load_model("gpt_neox:20b").replace(num_hidden_layers=4)
     result = gpu_preflight(config, Candidate(1, 8, 1, 1, 1, 1, remat, "bf16"), 2048,
