@@ -123,11 +123,13 @@ def estimate_memory(w: Workload, c: Candidate, semantics: Semantics = TARGET,
     layer = (shards.layer_gathered - unsplit * split.layer_weights) * c.tp // tp if gathers else 0
     top = (shards.top_gathered - unsplit * split.top_weights) * c.tp // tp if gathers else 0
     saved_split = cbytes * layers * split.layer_weights / c.sdp
-    if c.remat == "none":   # and the gathered MLP inputs, beyond the local rows
-        saved_split += cbytes * layers * split.layer_input * (1 - 1 / c.sdp)
+    # without remat the backward keeps each layer's gathered MLP input beyond its own rows
+    gathered_inputs = (cbytes * layers * split.layer_input * (1 - 1 / c.sdp)
+                       if c.remat == "none" else 0.0)
     kept = _kept_layers(c, semantics, layers)
     accumulator = 4 * shards.local if c.grad_accum > 1 else 0
-    saved = _saved_activations(w, c, tokens, layers, tp, backend) + saved_split
+    saved = (_saved_activations(w, c, tokens, layers, tp, backend) + saved_split
+             + gathered_inputs)
     state = dict(params=4 * shards.local, optimizer=OPTIMIZER_BYTES_PER_PARAM * shards.local,
                  batch=4 * c.local_batch * w.seq_len, amax=amax_bytes(w, c),
                  framework=FRAMEWORK_BYTES if backend == "gpu" else 0.0)

@@ -1,7 +1,8 @@
 """The residuals one stacked layer keeps for its backward pass, as the step keeps them.
 
-JAX's own list (``saved_residuals``) with two corrections, each something the step's
-program does and a plain list of a layer's vjp does not:
+JAX's residuals of the layer's vjp (what ``saved_residuals`` lists) with two
+corrections, each something the step's program does and a plain list of a layer's vjp
+does not:
 
 - Only the layer's parameters and its carry are differentiated. The extra arguments a
   model passes every layer (rotary tables) are constants of the step's loss, so nothing
@@ -16,33 +17,38 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax._src.ad_checkpoint import _saved_residuals
 from jax.extend import core as jcore
 
 
 def layer_residuals(loss: Callable, layer: Any, carry: Any, extra: Any
                     ) -> list[tuple[jax.ShapeDtypeStruct, str]]:
-    """(abstract value, JAX's description of its source) of each residual that
-    ``loss(layer, carry, extra)`` keeps for its gradient in ``layer`` and ``carry``
-    (abstract values), with the residuals that XLA's CSE merges listed once."""
+    """(abstract value, where it comes from) of each residual that ``loss(layer, carry,
+    extra)`` keeps for its gradient in ``layer`` and ``carry`` (abstract values), with
+    the residuals that XLA's CSE merges listed once. A source reads ``argument layer``,
+    ``argument h<i>`` (a leaf of the carry), ``argument extra`` or ``output of <the
+    primitive>`` (``scan`` for a stacked layer's own)."""
     def vjp(layer, carry, extra):
         return jax.vjp(lambda p, h: loss(p, h, extra), layer, carry)
 
     closed, out_shape = jax.make_jaxpr(vjp, return_shape=True)(layer, carry, extra)
     jaxpr = closed.jaxpr
     num_res = len(jax.tree.leaves(out_shape[1]))
-    residuals = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
     canonical = _canonical_outputs(jaxpr)
+    names = (["layer"] * len(jax.tree.leaves(layer))
+             + [f"h{i}" for i in range(len(jax.tree.leaves(carry)))]
+             + ["extra"] * len(jax.tree.leaves(extra)))
+    sources = {v: f"argument {n}" for v, n in zip(jaxpr.invars, names)}
+    sources.update({v: f"output of {e.primitive.name}" for e in jaxpr.eqns for v in e.outvars})
     seen, kept = set(), []
-    for v in residuals:
+    for v in jaxpr.outvars[len(jaxpr.outvars) - num_res:]:
+        if isinstance(v, jcore.Literal):
+            continue   # a constant, nothing kept per token
         key = canonical.get(v, v)
         if key not in seen:
             seen.add(key)
-            kept.append(v)
-    names = tuple(f"argument {n}" for n in ("layer",) * len(jax.tree.leaves(layer))) + tuple(
-        f"argument h{i}" for i, _ in enumerate(jax.tree.leaves(carry))) + tuple(
-        "argument extra" for _ in jax.tree.leaves(extra))
-    return _saved_residuals(jaxpr.replace(outvars=kept), names)
+            kept.append((jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype),
+                         sources.get(v, "a constant")))
+    return kept
 
 
 def _canonical_outputs(jaxpr: jcore.Jaxpr) -> dict:

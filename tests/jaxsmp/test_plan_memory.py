@@ -51,8 +51,8 @@ COMPARED_SLOW = {
                                                              schedule="interleaved"),
     "sdp=8, save_matmuls": candidate(remat="save_matmuls"),
 }
-# Measured 2026-11-27 (model against compiled temporaries): -6% to +12% in every layout
-# here. Before the layer's residuals were counted as the step keeps them (no float32
+# Measured 2026-11-27 (model against compiled temporaries): -11% to +12% in every layout
+# of this file. Before the layer's residuals were counted as the step keeps them (no float32
 # copies of q and k for the rotary tables' gradient, XLA's CSE merges the parallel
 # residual's shared norm) they spanned -15% to +21% (sdp=4 x tp=2 without remat).
 
