@@ -12,8 +12,9 @@ planner's. Seconds per row on 2 cores.
   collective runs (``GPU.collective_sm_share``, sourced), scaled by ``k``; 0 is none.
 - ``memory``: the memory-bound work (``Workload.memory_scale``, derived from XLA:GPU's
   compiled step) times ``k``, as if the published stacks moved more bytes than XLA's.
-- ``torch_memory``: ``memory`` on the PyTorch runs only (every row but MaxText's, which
-  run XLA's fused program as jaxsmp does): the planner's own predictions stay at 1.
+- ``torch_memory``: ``memory`` on the eager PyTorch runs only (every row but MaxText's,
+  which run XLA's fused program as jaxsmp does, and torchtitan's torch.compile rows):
+  the planner's own predictions stay at 1.
 - ``h100_matmul``: H100's and H200's achievable matmul rate times ``k`` (A100's kept).
 - ``stragglers``: every rank waits for the slowest of N, tokens/s divided by
   ``1 + k sqrt(2 ln N)`` (the expected maximum of N normal step times, ``k`` their CV).
@@ -56,11 +57,16 @@ def _memory(k: float):
         lambda w: MemoryScale(*(k * v for v in vars(memory_scale(w.family)).values()))))
 
 
+# runs whose elementwise work a compiler fuses: MaxText's (XLA) and torchtitan's
+# torch.compile rows of Llama 3.1 8B
+COMPILED = ("MaxText", "torchtitan Llama-3.1")
+
+
 def _torch_memory(k: float):
     base = pvp.predicted
 
     def predicted(run, fitted=pvp.FITTED):
-        if run.name.startswith("MaxText"):
+        if run.name.startswith(COMPILED):
             return base(run, fitted)
         with _memory(k):
             return base(run, fitted)

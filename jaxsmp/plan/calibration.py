@@ -56,7 +56,7 @@ class MemoryScale:
 
 
 # python bench/plan_vs_published.py --fit (its 8 fit runs only; 86 held out: median
-# |error| 7.7%, largest 26.7%), with the memory scales below and the compute beside a
+# |error| 6.8%, largest 26.7%), with the memory scales below and the compute beside a
 # hidden collective slowed by the SMs NCCL holds (GPU.collective_sm_share) and attention at
 # the rate of the kernel each run used (GPU.attention_share). The fit is flat in attention
 # (12.35% mean error on the fit rows at 0.52, 12.49% at 0.45, the value before the

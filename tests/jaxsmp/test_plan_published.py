@@ -54,11 +54,10 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 26.7%; 5 of 86 rows beyond 20%: three the odd row of their "
-    "own series, MPT-70b on 64 A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per "
-    "GPU than its 128-GPU row), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
-    "16- and 64-GPU rows), MPT-760m on 8 H100 (+21%: 8% slower than its 16-GPU row); and "
-    "torchtitan's Llama 3.1 8B on 8 and 128 power-limited H100s (+20%, +24%)"))
+    "largest held-out error 26.7%; 3 of 86 rows beyond 20%, each the odd row of its own "
+    "series: MPT-70b on 64 A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per GPU "
+    "than its 128-GPU row), MPT-1b on 32 A100-40GB (+21%: 18% slower per GPU than its "
+    "16- and 64-GPU rows), MPT-760m on 8 H100 (+21%: 8% slower than its 16-GPU row)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
@@ -90,7 +89,7 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 3
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.27
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 5
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 3
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
@@ -124,6 +123,16 @@ def test_each_published_run_is_priced_with_the_attention_kernel_it_ran(bench):
     assert all(k == "flash2" for n, k in kernels.items() if n.startswith(("MPT", "torchtitan")))
     assert kernels["GPT-NeoX-20B"] is kernels["BLOOM-176B"] is None
     assert sum(k == "cudnn" for k in kernels.values()) == 12
+
+
+def test_torchtitans_runs_are_its_compiled_rows_as_jaxsmps_step_is_compiled(bench):
+    """torchtitan's tables publish each Llama 3.1 8B run eager and with torch.compile;
+    jaxsmp's step is compiled (XLA fuses the elementwise work), so the compiled rows are
+    compared (the eager ones, 5,762 and 5,605 tokens/s per GPU, fuse none of it)."""
+    runs = [r for r in bench.scaling_runs() if r.name.startswith("torchtitan Llama-3.1")]
+    assert len(runs) == 2
+    assert all("FSDP + torch.compile;" in r.source for r in runs)
+    assert sorted(round(r.tokens_per_gpu) for r in runs) == [6514, 6667]
 
 
 @pytest.mark.slow
