@@ -42,6 +42,7 @@ from jaxsmp.plan import Candidate, cluster, evaluate, plan
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
 from jaxsmp.plan.hardware import GB, GPU, H100_NCCL_SMS, PCIE_GEN5, Cluster, GiB, Node
+from jaxsmp.plan.memory import capacity, estimate_memory
 from jaxsmp.plan.search import _workload
 from jaxsmp.plan.workload import Workload
 
@@ -238,6 +239,18 @@ def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
     return step.tokens_per_second / target.world, candidate.label()
 
 
+def jaxsmp_memory(run: Run) -> tuple[float, float]:
+    """(GiB per GPU the planner gives jaxsmp's step in the run's published configuration,
+    GiB XLA may allocate there): where the first is larger, jaxsmp would not run the
+    configuration as published (its pre-flight would ask for remat or a smaller
+    microbatch), and the row compares the time model alone."""
+    target = _cluster(run.node, run.nodes)
+    semantics = replace(TARGET, whole_forward=run.whole_forward)
+    memory = estimate_memory(Workload(run.config, run.seq_len, run.attention),
+                             run.candidate, semantics)
+    return memory.total / GiB, capacity(target.node.gpu.memory_bytes) / GiB
+
+
 def error(run: Run, fitted: Fitted = FITTED) -> float:
     return predicted(run, fitted)[0] / run.tokens_per_gpu - 1
 
@@ -293,17 +306,27 @@ def table(fitted: Fitted) -> dict:
     """Prints every row, the held-out summary and the trends; returns :func:`summary`'s."""
     result = summary(fitted)
     print("| run | set | GPUs | configuration | published tok/s/GPU (TFLOP/s) | predicted "
-          "tok/s/GPU (TFLOP/s) | error |")
-    print("|---|---|---|---|---|---|---|")
+          "tok/s/GPU (TFLOP/s) | error | jaxsmp GiB/GPU (of) |")
+    print("|---|---|---|---|---|---|---|---|")
+    unfit = []
     for run in result["rows"]:
         tokens, label = result["predictions"][run.name]
         per_token = _workload(run.config, run.seq_len).model_flops_per_token / 1e12
         err = tokens / run.tokens_per_gpu - 1
+        used, of = jaxsmp_memory(run) if run.candidate else (0.0, 1.0)
+        if used > of:
+            unfit.append(run.name)
         print(f"| {run.name} | {kind(run)} | {run.nodes} x {run.node} | {label} | "
               f"{run.tokens_per_gpu:,.0f} ({run.tokens_per_gpu * per_token:.0f}) | "
-              f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} |")
+              f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} | "
+              + (f"{used:.0f} ({of:.0f}){' too much' * (used > of)} |" if run.candidate
+                 else "the planner's choice |"))
     print(f"\nheld out ({len(result['held_out'])} runs): median |error| "
-          f"{result['median']:.1%}, largest {result['worst']:.1%}; constants: {fitted}\n")
+          f"{result['median']:.1%}, largest {result['worst']:.1%}; constants: {fitted}")
+    compared = sum(1 for r in result["rows"] if r.candidate)
+    print(f"{len(unfit)} of {compared} published configurations need more memory in jaxsmp's "
+          "step than XLA may allocate (the planner's estimate): jaxsmp would run them with "
+          "remat or a smaller microbatch; their rows compare the time model alone\n")
     print("| series | nodes | published trend | predicted trend | same sign | "
           "difference (points) |")
     print("|---|---|---|---|---|---|")
