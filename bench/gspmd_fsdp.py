@@ -2,7 +2,8 @@
 that ``bench/fsdp_compare.py`` compiles beside jaxsmp's step.
 
 A plain JAX Llama (RMSNorm, rotary, SwiGLU) or GPT-NeoX block (``kind="gelu"``: RMSNorm for
-its LayerNorms, parallel residual, a GELU MLP; no biases, full rotary), its layers stacked
+its LayerNorms, parallel residual, a GELU MLP; no biases, full rotary; the norm is
+``jaxsmp.nn.norm``'s, as in jaxsmp's step), its layers stacked
 under ``lax.scan`` with ``jax.checkpoint``; float32 master weights,
 each split over ``fsdp`` on its largest dimension (with ``tp``: Megatron's column / row
 splits, ``fsdp`` on the other dimension); activations constrained to batch sharding at
@@ -28,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxsmp.nn.norm import rms_norm
 
 REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
          "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -80,9 +83,9 @@ def specs(w: Width, tp: bool) -> dict:
 
 
 def _rms(x, g):
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-5)
-    return (y * g.astype(jnp.float32)).astype(jnp.bfloat16)
+    # jaxsmp's norm, which keeps only its input and per-token statistics for the backward
+    # pass: the same in both steps, so that they differ in how they shard, not in it
+    return rms_norm(x, g, 1e-5).astype(jnp.bfloat16)
 
 
 def _rotary(x, cos, sin):

@@ -6,7 +6,9 @@ from the source named in its row. The planner predicts the run's own configurati
 (:func:`jaxsmp.plan.evaluate`); both sides are shown as model TFLOP/s per GPU counted
 the same way (:func:`jaxsmp.metrics.train_flops_per_token`), so the error is the error
 in tokens per second. Megatron's runs published hardware TFLOP/s (its formula with
-recomputation), converted back to tokens per second with that formula.
+recomputation), converted back to tokens per second with that formula. Each row also
+shows the memory the planner gives jaxsmp's step in that configuration (marked where
+it exceeds what XLA may allocate: jaxsmp would not run it as published).
 
 The fitted constants (:class:`jaxsmp.plan.calibration.Fitted`) are fitted on the rows
 named in :data:`FIT` (every third row with a published configuration of the list below,

@@ -1,11 +1,59 @@
-"""LayerNorm and RMSNorm, computed in float32 whatever the compute dtype."""
+"""LayerNorm and RMSNorm, computed in float32 whatever the compute dtype.
+
+The backward pass computes each norm again from its input and its per-token statistics
+(``jax.checkpoint`` keeping only those, named :data:`STATS_NAME`), as PyTorch's fused
+LayerNorm saves its input, mean and inverse deviation: the hidden-sized float32
+intermediates that autodiff of the float32 computation keeps are never held for the
+backward pass, which in a layer without remat is a third of what it saves (six per
+Llama layer). A hand-written VJP saving the same was tried: the same memory without
+remat, 435 MiB more temporaries under ``remat="save_qkv"`` on Llama 7b (8 layers, 8k
+tokens per GPU, XLA:GPU). ``*_reference``: the plain computations, autodiffed whole."""
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxsmp.nn.param import logical_param
+
+STATS_NAME = "norm_stats"   # a norm's mean and inverse deviation per token, kept
+F32 = jnp.float32
+
+
+def _inverse_deviation(square_mean: jax.Array, eps: float) -> jax.Array:
+    return checkpoint_name(jax.lax.rsqrt(square_mean + eps), STATS_NAME)
+
+
+def layer_norm_reference(x, scale, bias, eps: float) -> jax.Array:
+    x32 = x.astype(F32)
+    mean = checkpoint_name(x32.mean(-1, keepdims=True), STATS_NAME)
+    centred = x32 - mean
+    y = centred * _inverse_deviation(jnp.square(centred).mean(-1, keepdims=True), eps)
+    return (y * scale.astype(F32) + bias.astype(F32)).astype(x.dtype)
+
+
+def rms_norm_reference(x, scale, eps: float) -> jax.Array:
+    x32 = x.astype(F32)
+    y = x32 * _inverse_deviation(jnp.square(x32).mean(-1, keepdims=True), eps)
+    return (y * scale.astype(F32)).astype(x.dtype)
+
+
+def _recomputed(f, eps: float):
+    # prevent_cse=False: the layers run in scans, whose backward loop never sees the
+    # forward's values to merge with (JAX's advice for checkpoint inside scan)
+    return jax.checkpoint(partial(f, eps=eps), prevent_cse=False,
+                          policy=jax.checkpoint_policies.save_only_these_names(STATS_NAME))
+
+
+def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+    return _recomputed(layer_norm_reference, eps)(x, scale, bias)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    return _recomputed(rms_norm_reference, eps)(x, scale)
 
 
 class LayerNorm(nnx.Module):
@@ -17,12 +65,7 @@ class LayerNorm(nnx.Module):
         self.bias = logical_param(rngs, nnx.initializers.zeros, (dim,), ("embed",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-        y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
-        return y.astype(x.dtype)
+        return layer_norm(x, self.scale[...], self.bias[...], self.eps)
 
 
 class RMSNorm(nnx.Module):
@@ -33,6 +76,4 @@ class RMSNorm(nnx.Module):
         self.scale = logical_param(rngs, nnx.initializers.ones, (dim,), ("embed",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + self.eps)
-        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+        return rms_norm(x, self.scale[...], self.eps)

@@ -124,10 +124,11 @@ def test_the_dispatch_buffers_and_masked_gemm_inputs_are_in_the_working_set(w):
 # remat full, 8 x H100, as bench/moe_gpu_compile.py compiled them (docs/moe.md's table,
 # jax 0.10.2), with the data rank's sequences of 4096 tokens; and how far below them the
 # model stays (under tp the compiled step gathers the experts' down projection whole,
-# which the model does not hold). ep=8: 10.4% below since 2026-11-27, when the model
-# stopped counting float32 copies of q and k the step never keeps (8.4% before); what
-# else XLA holds there is not isolated.
-COMPILED_GPU = {"ep=8": (8, 1, 1, 1, 13.2, 0.11), "ep=4, tp=2": (4, 1, 2, 2, 20.4, 0.35),
+# which the model does not hold). ep=8: 10.4% below from when the model stopped
+# counting float32 copies of q and k the step never keeps (8.4% before), 8.8% since a
+# recomputed layer's working set includes the norms' float32 gradient temporaries
+# (2026-11-27; XLA's temporaries unchanged); what else XLA holds there is not isolated.
+COMPILED_GPU = {"ep=8": (8, 1, 1, 1, 13.2, 0.10), "ep=4, tp=2": (4, 1, 2, 2, 20.4, 0.35),
                 "sdp=8": (1, 8, 1, 1, 19.6, 0.20), "sdp=4, tp=2": (1, 4, 2, 2, 20.4, 0.35)}
 
 

@@ -43,15 +43,16 @@ def test_shards_that_do_not_divide_are_value_errors():
 def test_saved_activations_follow_the_layer_and_the_remat_policy():
     w, d, f = Workload(NEOX, 64), NEOX.hidden_size, NEOX.intermediate_size
     none = w.activations("none", "fp32")
-    # a parallel-residual layer's two LayerNorms read the same input: its statistics and
-    # normalised values (3 d) are computed twice and kept once (XLA's CSE merges them),
-    # and each keeps its own output (d); the merged attention output 1 d (replicated over
-    # tp); q, k, v and the attention output 4 d, exact GeLU 2 MLP-wide tensors (x and
-    # Phi(x), for its hand-written derivative); per-token norm and softmax statistics are
-    # the rest. The rotary tables are constants of the loss: nothing is kept for their
-    # gradient (a vjp in them would keep q and k twice more)
-    assert none.replicated == pytest.approx(4 * 6 * d, rel=0.01)
-    assert none.replicated + none.split == pytest.approx(4 * (10 * d + 2 * f), rel=0.01)
+    # a parallel-residual layer's two LayerNorms read the layer input (d), kept with
+    # their per-token statistics: the backward computes the norms again from them
+    # (jaxsmp.nn.norm), so no normalised value is kept; each keeps its own output (d);
+    # the merged attention output 1 d (replicated over tp); q, k, v and the attention
+    # output 4 d, exact GeLU 2 MLP-wide tensors (x and Phi(x), for its hand-written
+    # derivative); per-token norm and softmax statistics are the rest. The rotary tables
+    # are constants of the loss: nothing is kept for their gradient (a vjp in them would
+    # keep q and k twice more)
+    assert none.replicated == pytest.approx(4 * 4 * d, rel=0.01)
+    assert none.replicated + none.split == pytest.approx(4 * (8 * d + 2 * f), rel=0.01)
     full = w.activations("full", "fp32")
     assert full.replicated == 4 * d                      # the layer input only
     matmuls = w.activations("save_matmuls", "fp32")
