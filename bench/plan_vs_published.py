@@ -235,10 +235,15 @@ def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
         candidate = best.candidate
     else:
         candidate = run.candidate
-    w = Workload(run.config, run.seq_len, run.attention)
-    semantics = replace(TARGET, whole_forward=run.whole_forward)
+    w, semantics = _priced(run)
     step = evaluate(w, candidate, target, semantics, fitted).throughput
     return step.tokens_per_second / target.world, candidate.label()
+
+
+def _priced(run: Run) -> tuple[Workload, object]:
+    """The workload and step semantics a run is priced with."""
+    return (Workload(run.config, run.seq_len, run.attention),
+            replace(TARGET, whole_forward=run.whole_forward))
 
 
 def jaxsmp_memory(run: Run) -> tuple[float, float]:
@@ -246,11 +251,10 @@ def jaxsmp_memory(run: Run) -> tuple[float, float]:
     GiB XLA may allocate there): where the first is larger, jaxsmp would not run the
     configuration as published (its pre-flight would ask for remat or a smaller
     microbatch), and the row compares the time model alone."""
-    target = _cluster(run.node, run.nodes)
-    semantics = replace(TARGET, whole_forward=run.whole_forward)
-    memory = estimate_memory(Workload(run.config, run.seq_len, run.attention),
-                             run.candidate, semantics)
-    return memory.total / GiB, capacity(target.node.gpu.memory_bytes) / GiB
+    w, semantics = _priced(run)
+    memory = estimate_memory(w, run.candidate, semantics)
+    gpu = _cluster(run.node, run.nodes).node.gpu
+    return memory.total / GiB, capacity(gpu.memory_bytes) / GiB
 
 
 def error(run: Run, fitted: Fitted = FITTED) -> float:
@@ -315,14 +319,14 @@ def table(fitted: Fitted) -> dict:
         tokens, label = result["predictions"][run.name]
         per_token = _workload(run.config, run.seq_len).model_flops_per_token / 1e12
         err = tokens / run.tokens_per_gpu - 1
-        used, of = jaxsmp_memory(run) if run.candidate else (0.0, 1.0)
-        if used > of:
-            unfit.append(run.name)
+        memory = "the planner's choice"
+        if run.candidate:
+            used, of = jaxsmp_memory(run)
+            memory = f"{used:.0f} ({of:.0f})" + " too much" * (used > of)
+            unfit += [run.name] * (used > of)
         print(f"| {run.name} | {kind(run)} | {run.nodes} x {run.node} | {label} | "
               f"{run.tokens_per_gpu:,.0f} ({run.tokens_per_gpu * per_token:.0f}) | "
-              f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} | "
-              + (f"{used:.0f} ({of:.0f}){' too much' * (used > of)} |" if run.candidate
-                 else "the planner's choice |"))
+              f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} | {memory} |")
     print(f"\nheld out ({len(result['held_out'])} runs): median |error| "
           f"{result['median']:.1%}, largest {result['worst']:.1%}; constants: {fitted}")
     compared = sum(1 for r in result["rows"] if r.candidate)

@@ -5,9 +5,9 @@ The backward pass computes each norm again from its input and its per-token stat
 LayerNorm saves its input, mean and inverse deviation: the hidden-sized float32
 intermediates that autodiff of the float32 computation keeps are never held for the
 backward pass, which in a layer without remat is a third of what it saves (six per
-Llama layer). A hand-written VJP saving the same was tried: the same memory without
-remat, 435 MiB more temporaries under ``remat="save_qkv"`` on Llama 7b (8 layers, 8k
-tokens per GPU, XLA:GPU). ``*_reference``: the plain computations, autodiffed whole."""
+Llama layer). A hand-written VJP saving the same was tried and not kept: the same memory
+without remat, more under ``remat="save_qkv"`` (docs/planner.md). ``*_reference``: the
+plain computations, autodiffed whole."""
 from __future__ import annotations
 
 from functools import partial

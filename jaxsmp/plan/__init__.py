@@ -48,9 +48,10 @@ MLP width (all of them with sequence parallelism); FlashAttention keeps no score
 activation gathering without remat also keeps each layer's gathered MLP input.
 The peak is the larger of two moments: the loss/head backward, and the first layer's
 backward with every layer's activations saved, its gathered weights, its gradient
-before the reduce-scatter (in ``reduce_dtype``) and its working set (its full activations when
-recomputed, 1.5 of them on XLA:CPU; 0.85 of them without remat, for their gradients). Pipelines hold ``m*v + p - 1``
-microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
+before the reduce-scatter (in ``reduce_dtype``) and its working set, in layers' worth of
+what a layer saves without remat (``memory.RECOMPUTE_WORKING`` when recomputed: 1.3 on
+XLA:GPU, 1.5 on XLA:CPU; ``memory.NONE_WORKING``, 0.85, without remat, for the
+gradients). Pipelines hold ``m*v + p - 1`` microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
 simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
 library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
 (``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; JAX's default is 0.75).
