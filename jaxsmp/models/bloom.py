@@ -85,7 +85,8 @@ class Layer(nnx.Module):
 
 
 class Bloom(nnx.Module):
-    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``."""
+    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``
+    (:meth:`logits`: in the compute dtype, as the loss takes them)."""
 
     def __init__(self, cfg: BloomConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -96,11 +97,14 @@ class Bloom(nnx.Module):
         self.h = Stack(lambda r: Layer(cfg, rngs=r), cfg.n_layer, rngs=rngs)
         self.ln_f = LayerNorm(cfg.hidden_size, eps=eps, rngs=rngs)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def logits(self, tokens: jax.Array) -> jax.Array:
         check_token_ids(tokens)
         x = self.word_embeddings_layernorm(self.word_embeddings(tokens))
         x = self.h(x)
-        return self.word_embeddings.attend(self.ln_f(x)).astype(jnp.float32)
+        return self.word_embeddings.attend(self.ln_f(x))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.logits(tokens).astype(jnp.float32)
 
 
 BloomConfig.model_class = Bloom

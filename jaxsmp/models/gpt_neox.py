@@ -75,7 +75,8 @@ class Layer(nnx.Module):
 
 
 class GPTNeoX(nnx.Module):
-    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``."""
+    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``
+    (:meth:`logits`: in the compute dtype, as the loss takes them)."""
 
     def __init__(self, cfg: GPTNeoXConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -86,14 +87,17 @@ class GPTNeoX(nnx.Module):
                                 out_axis="vocab", use_bias=False, rngs=rngs,
                                 init_std=cfg.init_std)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def logits(self, tokens: jax.Array) -> jax.Array:
         check_token_ids(tokens)
         cfg = self.cfg
         cos, sin = rotary_for_tokens(tokens, cfg.rotary_dim, cfg.rotary_emb_base,
                                      cfg.max_position_embeddings)
         x = self.embed_in(tokens)
         x = self.layers(x, cos, sin)
-        return self.embed_out(self.final_layer_norm(x)).astype(jnp.float32)
+        return self.embed_out(self.final_layer_norm(x))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.logits(tokens).astype(jnp.float32)
 
 
 GPTNeoXConfig.model_class = GPTNeoX

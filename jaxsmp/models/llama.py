@@ -106,7 +106,8 @@ class Layer(nnx.Module):
 
 
 class Llama(nnx.Module):
-    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``."""
+    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``
+    (:meth:`logits`: in the compute dtype, as the loss takes them)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -118,15 +119,17 @@ class Llama(nnx.Module):
             cfg.hidden_size, cfg.vocab_size, in_axis="embed", out_axis="vocab",
             use_bias=False, rngs=rngs, init_std=cfg.init_std)
 
-    def __call__(self, tokens: jax.Array) -> jax.Array:
+    def logits(self, tokens: jax.Array) -> jax.Array:
         check_token_ids(tokens)
         cfg = self.cfg
         cos, sin = rotary_for_tokens(tokens, cfg.head_dim, cfg.rope_theta,
                                      cfg.max_position_embeddings)
         x = self.layers(self.embed_tokens(tokens), cos, sin)
         x = self.norm(x)
-        logits = self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
-        return logits.astype(jnp.float32)
+        return self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.logits(tokens).astype(jnp.float32)
 
 
 LlamaConfig.model_class = Llama

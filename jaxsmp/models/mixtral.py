@@ -90,8 +90,8 @@ class Layer(nnx.Module):
 
 
 class Mixtral(nnx.Module):
-    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]``;
-    :meth:`with_router_losses` adds the router's losses and statistics."""
+    """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]`` (:meth:`logits`:
+    in the compute dtype, as the loss takes them); :meth:`with_router_losses` adds the router's losses and statistics."""
 
     def __init__(self, cfg: MixtralConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -104,7 +104,8 @@ class Mixtral(nnx.Module):
             use_bias=False, rngs=rngs, init_std=cfg.init_std)
 
     def with_router_losses(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
-        """(logits, {"aux_loss", "z_loss", "dropped_tokens", "expert_load"}):
+        """(logits in the compute dtype, {"aux_loss", "z_loss", "dropped_tokens",
+        "expert_load"}):
         ``expert_load[l, e]``: the fraction of layer ``l``'s token-to-expert assignments
         that went to expert ``e`` (each row sums to 1; balanced: ``1 / experts``)."""
         check_token_ids(tokens)
@@ -116,11 +117,13 @@ class Mixtral(nnx.Module):
         x, stats = self.layers((x, stats), cos, sin)
         x = self.norm(x)
         logits = self.embed_tokens.attend(x) if self.lm_head is None else self.lm_head(x)
-        return logits.astype(jnp.float32), router_losses(stats, tokens.size,
-                                                         cfg.num_experts_per_tok)
+        return logits, router_losses(stats, tokens.size, cfg.num_experts_per_tok)
+
+    def logits(self, tokens: jax.Array) -> jax.Array:
+        return self.with_router_losses(tokens)[0]
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
-        return self.with_router_losses(tokens)[0]
+        return self.logits(tokens).astype(jnp.float32)
 
 
 MixtralConfig.model_class = Mixtral

@@ -73,9 +73,9 @@ def test_the_search_splits_long_sequences_over_cp_and_keeps_short_ones_whole():
 
 
 def test_a_short_sequence_that_fits_nowhere_whole_is_tried_over_cp():
-    # one head (no tp) and one layer (no pp): 4096 tokens' float32 logits over a 4M
-    # vocabulary need 128 GiB whole, 1/cp of that split over cp
-    config = TINY.replace(num_attention_heads=1, num_hidden_layers=1, vocab_size=1 << 22)
+    # one head (no tp) and one layer (no pp): 4096 tokens' bf16 logits and their gradient
+    # over an 8M vocabulary need 128 GiB whole, 1/cp of that split over cp
+    config = TINY.replace(num_attention_heads=1, num_hidden_layers=1, vocab_size=1 << 23)
     plans = plan(config, cluster("p4de.24xlarge", 1), seq_len=4096, global_batch=8,
                  top=None, include_unfit=True)
     assert {p.candidate.cp for p in plans if not p.fits} >= {1}
