@@ -34,7 +34,7 @@ SHAPES = {
 }
 DEPTHS = (4, 8)   # XLA unrolls the shortest scans, which changes the fusions
 SEQ, BATCH = 2048, 16
-# Least scales: AdamW's 32 B per parameter and four passes over float32 logits are the
+# Least scales: AdamW's 32 B per parameter and four passes over the logits are the
 # least the optimizer and the loss can move (outside the layers and the activation and
 # weight traffic both grow with depth, and an unbounded fit traded them off to 0)
 FLOOR = (0.0, 0.0, 1.0)

@@ -170,7 +170,7 @@ def _edges(layer: _Layer, overlap: float) -> float:
 
 def _head(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
-    and float32 logits moved a few times; on 1/cp of the tokens when tp = 1 (with tp > 1
+    and the logits (compute dtype) moved a few times; on 1/cp of the tokens when tp = 1 (with tp > 1
     the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
     gpu = cluster.node.gpu
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
@@ -195,9 +195,13 @@ def _weights(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
 
 
 def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
-    """Unscaled seconds of moving one microbatch's float32 logits 4 times."""
+    """Unscaled seconds of moving one microbatch's logits 4 times in the compute dtype
+    (jaxsmp.losses: written, read for the normalizer and for the gradient, which is
+    written)."""
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
-    return 4 * 4 * tokens * w.vocab / c.tp / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
+    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    return (4 * cbytes * tokens * w.vocab / c.tp
+            / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
 
 
 def _optimizer(w: Workload, c: Candidate, cluster: Cluster) -> float:
