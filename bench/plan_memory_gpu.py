@@ -7,7 +7,7 @@ pipelines the layer loop's gathers and reduce-scatters), bf16, sdp=8, and prints
 in MiB, for each shape, remat and gradient reduction dtype (docs/planner.md's table).
 About 30 s of compiling per row on 2 cores.
 
-    python bench/plan_memory_gpu.py                 # the table's 7 rows
+    python bench/plan_memory_gpu.py                 # the table's rows
     python bench/plan_memory_gpu.py --reduce bf16   # only bf16 reduction
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ os.environ["XLA_FLAGS"] = xla_flags.merged(os.environ.get("XLA_FLAGS", ""),
 CASES = [("gpt_neox:20b", 2048, 1, "full", "bf16", 4),
          ("gpt_neox:20b", 2048, 1, "none", "bf16", 4),
          ("gpt_neox:1.3b", 2048, 4, "full", "bf16"), ("gpt_neox:1.3b", 2048, 4, "full", "fp32"),
-         ("gpt_neox:1.3b", 2048, 4, "none", "bf16"),
+         ("gpt_neox:1.3b", 2048, 4, "none", "bf16"), ("gpt_neox:1.3b", 2048, 10, "none", "bf16"),
          ("llama:7b", 4096, 1, "full", "bf16"), ("llama:7b", 4096, 1, "full", "fp32"),
          ("llama:7b", 4096, 1, "none", "bf16"), ("llama:7b", 4096, 1, "none", "fp32")]
 MiB = 1 << 20

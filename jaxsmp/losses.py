@@ -43,7 +43,10 @@ token_nll.defvjp(_nll_forward, _nll_backward)
 def cross_entropy(logits: jax.Array, targets: jax.Array,
                   mask: jax.Array | None = None) -> jax.Array:
     """Mean token cross-entropy in float32; ``mask`` (0/1) drops positions."""
-    nll = token_nll(logits, targets)
+    return _mean(token_nll(logits, targets), mask)
+
+
+def _mean(nll: jax.Array, mask: jax.Array | None) -> jax.Array:
     if mask is None:
         return nll.mean()
     mask = mask.astype(jnp.float32)
@@ -68,10 +71,7 @@ def cross_entropy_reference(logits: jax.Array, targets: jax.Array,
     logits = logits.astype(jnp.float32)
     nll = (jax.nn.logsumexp(logits, axis=-1)
            - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
-    if mask is None:
-        return nll.mean()
-    mask = mask.astype(jnp.float32)
-    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    return _mean(nll, mask)
 
 
 def next_token_loss_reference(logits: jax.Array, tokens: jax.Array) -> jax.Array:

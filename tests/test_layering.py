@@ -107,7 +107,7 @@ def test_the_table_check_sees_an_import_the_table_does_not_list():
     assert table["pipeline"] == {"checks", "nn", "pallas_kernels"}
     assert table["cli"] is None and table["collectives"] == set()
     narrowed = {**table, "plan": table["plan"] - {"train"}}
-    assert "jaxsmp/plan/throughput.py imports train" in architecture_violations(narrowed)
+    assert "jaxsmp/plan/memory.py imports train" in architecture_violations(narrowed)
 
 
 def test_the_check_sees_plain_relative_and_nested_imports(tmp_path, monkeypatch):

@@ -91,7 +91,8 @@ class Layer(nnx.Module):
 
 class Mixtral(nnx.Module):
     """Token ids ``[batch, seq]`` -> float32 logits ``[batch, seq, vocab]`` (:meth:`logits`:
-    in the compute dtype, as the loss takes them); :meth:`with_router_losses` adds the router's losses and statistics."""
+    in the compute dtype, as the loss takes them); :meth:`with_router_losses` adds the
+    router's losses and statistics."""
 
     def __init__(self, cfg: MixtralConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg

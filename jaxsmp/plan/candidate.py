@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from jaxsmp.checks import positive_int
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES, make_schedule
@@ -127,6 +129,11 @@ class Candidate:
         """The dtype gradients are reduced in: ``reduce_dtype``, or the step's default
         for the precision (``bf16`` with ``precision="bf16"``, else ``fp32``)."""
         return self.reduce_dtype or default_reduce_dtype(self.precision)
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per element of the step's compute dtype (activations, gathered weights)."""
+        return np.dtype(precision_policy(self.precision).compute_dtype).itemsize
 
     @property
     def reduce_bytes(self) -> int:

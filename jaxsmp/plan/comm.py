@@ -6,15 +6,12 @@ prices a compiled program's collectives with the same functions.
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 import collectives
 from collectives import CostModel, Topology
 from jaxsmp.plan.calibration import ATTENTION_BACKWARD, COLLECTIVE_LAUNCH
 from jaxsmp.plan.candidate import Candidate
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload
-from jaxsmp.train.precision import precision_policy
 
 
 def group_topology(size: int, stride: int, per_host: int) -> tuple[Topology, int]:
@@ -66,7 +63,7 @@ def context_transfers(w: Workload, c: Candidate, cluster: Cluster, split: int,
     step's block compute, exposed only beyond the attention's own time."""
     if c.cp == 1:
         return 0.0, 0.0
-    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    cbytes = c.compute_bytes
     per_head = c.microbatch_size * w.seq_len // c.cp * (w.hidden // w.heads)
     q = per_head * w.heads / split * cbytes
     kv_heads = w.kv_heads / split

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-import jax.numpy as jnp
-
 from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
 from jaxsmp.plan import moe
@@ -214,7 +212,7 @@ def _compute_bytes(c: Candidate, backend: str) -> int:
     """Bytes of the compute dtype (float32 on XLA:CPU, which computes bfloat16 so)."""
     if backend == "cpu":
         return 4
-    return jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    return c.compute_bytes
 
 
 def _whole_sequence_embedding(w: Workload, c: Candidate, cbytes: int) -> float:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import jax.numpy as jnp
-
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
 from jaxsmp.plan import moe
@@ -30,7 +28,6 @@ from jaxsmp.plan.comm import (
 )
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload, backward_ratio
-from jaxsmp.train.precision import precision_policy
 
 # Memory-bound work per layer: the forward writes the layer's activations once, the
 # backward reads them and writes and reads their gradients (4 passes; 5 with recompute).
@@ -83,7 +80,7 @@ class _Layer:
 def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
            fitted: Fitted) -> _Layer:
     gpu, hbm = cluster.node.gpu, cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
-    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    cbytes = c.compute_bytes
     tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
@@ -170,8 +167,8 @@ def _edges(layer: _Layer, overlap: float) -> float:
 
 def _head(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
-    and the logits (compute dtype) moved a few times; on 1/cp of the tokens when tp = 1 (with tp > 1
-    the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
+    and the logits (compute dtype) moved a few times; on 1/cp of the tokens when tp = 1
+    (with tp > 1 the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
     gpu = cluster.node.gpu
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
     flops = 6 * w.hidden * w.vocab / c.tp * tokens
@@ -199,7 +196,7 @@ def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
     (jaxsmp.losses: written, read for the normalizer and for the gradient, which is
     written)."""
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
-    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    cbytes = c.compute_bytes
     return (4 * cbytes * tokens * w.vocab / c.tp
             / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
 
@@ -249,7 +246,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     # the edges were counted hidden (and contending) in each layer; they are exposed
     per_microbatch = layers * per_layer + edges - share * edges
     shards = w.shards(c.mesh_shape)
-    cbytes = jnp.dtype(precision_policy(c.precision).compute_dtype).itemsize
+    cbytes = c.compute_bytes
     zero = c.sdp * c.cp
     tokens = c.microbatch_size * w.seq_len // c.cp
     split_gemms = planned(w, c, tokens, cbytes)

@@ -52,19 +52,21 @@ def test_the_norms_keep_no_float32_intermediates_in_the_compiled_step(monkeypatc
 
 
 @pytest.mark.slow
-def test_the_loss_keeps_no_float32_logits_in_the_compiled_step(monkeypatch):
-    """GPT-NeoX 125m width (50k vocabulary, 4 x 2048 tokens per GPU, sdp=8, remat full)
-    compiled for 8 x H100: with jaxsmp.losses' cross-entropy on the bf16 logits the step
-    needs under 0.6x the temporaries it needs with the loss autodiffed on the model's
-    float32 logits (measured: 1,307 against 2,760 MiB, 0.47x; Llama 2 7b width 0.93x)."""
+@pytest.mark.parametrize("family, bound", [("gpt_neox", 0.6), ("llama", 0.97)])
+def test_the_loss_keeps_no_float32_logits_in_the_compiled_step(family, bound, monkeypatch):
+    """2 layers of GPT-NeoX 125m (50k vocabulary) and Llama 2 7b (32k) width, 4 x 2048
+    tokens per GPU, sdp=8, remat full, compiled for 8 x H100: with jaxsmp.losses'
+    cross-entropy on the bf16 logits the step needs fewer temporaries than with the loss
+    autodiffed on the model's float32 logits (measured: 1,307 against 2,760 MiB, 0.47x;
+    3,086 against 3,330 MiB, 0.93x)."""
     import gpu_compile
 
     from jaxsmp.losses import next_token_loss_reference
-    ours = compile_case("gpt_neox", "cudnn", "bf16", "sdp=8", "full", batch=32)
+    ours = compile_case(family, "cudnn", "bf16", "sdp=8", "full", batch=32)
     monkeypatch.setattr(gpu_compile, "causal_lm_loss", lambda model, batch: (
         next_token_loss_reference(model(batch["tokens"]), batch["tokens"])))
-    plain = compile_case("gpt_neox", "cudnn", "bf16", "sdp=8", "full", batch=32)
-    assert ours["temporaries_mib"] < 0.6 * plain["temporaries_mib"], (ours, plain)
+    plain = compile_case(family, "cudnn", "bf16", "sdp=8", "full", batch=32)
+    assert ours["temporaries_mib"] < bound * plain["temporaries_mib"], (ours, plain)
 
 
 @pytest.mark.parametrize("mesh", ["sdp=8", "sdp=4,tp=2"])

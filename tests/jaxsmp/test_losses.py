@@ -94,18 +94,31 @@ def test_the_backward_pass_keeps_no_float32_copy_of_bf16_logits():
 
 @pytest.mark.parametrize("family", ["gpt_neox", "bloom", "llama", "mixtral"])
 def test_the_trainers_loss_takes_the_logits_in_the_compute_dtype(family):
-    """causal_lm_loss runs on the model's compute-dtype logits (``model.logits``); its
-    value is the plain loss of the float32 logits ``model(tokens)``, which are the same
-    numbers widened."""
+    """causal_lm_loss runs on the model's compute-dtype logits (``model.logits``): its
+    value is the plain loss of the float32 logits ``model(tokens)`` (the same numbers
+    widened), and its backward pass keeps no float32 logits, which the same loss of
+    ``model(tokens)`` does (the last assertion: the check fails on it)."""
     config = jaxsmp.models.preset(family, "tiny")
     tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, config.vocab_size)
     graphdef, state = nnx.split(config.build(nnx.Rngs(0)))
-    model = nnx.merge(graphdef, jax.tree.map(
+    state = jax.tree.map(
         lambda v: v.astype(jnp.bfloat16) if jnp.issubdtype(v.dtype, jnp.floating) else v,
-        state))
+        state)
+    model = nnx.merge(graphdef, state)
     assert model.logits(tokens).dtype == jnp.bfloat16
-    loss = causal_lm_loss(model, {"tokens": tokens})
-    loss = loss[1]["lm_loss"] if isinstance(loss, tuple) else loss
-    logits = model(tokens)
-    assert logits.dtype == jnp.float32
-    np.testing.assert_allclose(loss, next_token_loss_reference(logits, tokens), rtol=1e-6)
+
+    def lm_loss(loss_fn):
+        def f(state):
+            loss = loss_fn(nnx.merge(graphdef, state), {"tokens": tokens})
+            return loss[1]["lm_loss"] if isinstance(loss, tuple) else loss
+        return f
+
+    def float32_logits_kept(f):
+        residuals = jax.vjp(f, state)[1]
+        return [r for r in jax.tree.leaves(residuals) if r.dtype == jnp.float32
+                and r.shape[-1:] == (config.vocab_size,) and r.size >= tokens.size * 4]
+
+    widened = lm_loss(lambda m, b: next_token_loss_reference(m(b["tokens"]), b["tokens"]))
+    np.testing.assert_allclose(lm_loss(causal_lm_loss)(state), widened(state), rtol=1e-6)
+    assert float32_logits_kept(lm_loss(causal_lm_loss)) == []
+    assert float32_logits_kept(widened)
