@@ -24,7 +24,7 @@ FP8_STEPS = {"llama2_70b": (4096, {64: 4.324, 128: 4.556, 256: 4.959, 512: 5.043
 def main() -> None:
     """Predicted against MaxText's FP8 tables, and each table's trend."""
     for model, (seq, steps) in FP8_STEPS.items():
-        title, config, kernel = pvp.LLAMAS[model]
+        title, config, kernel, _ = pvp.LLAMAS[model]
         pairs = []
         for gpus, seconds in steps.items():
             sdp = gpus if gpus <= 256 else 128

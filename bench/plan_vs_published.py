@@ -106,12 +106,29 @@ def _cluster(name: str, nodes: int) -> Cluster:
     return Cluster(OWN_NODES[name], nodes) if name in OWN_NODES else cluster(name, nodes)
 
 
+# The dtype each framework reduced gradients in, as published or as its default: the
+# gradient reduce-scatter moves 4 bytes an element in float32, 2 in bf16.
+# llm-foundry's tables give each run's "MP Mode": PURE (composer: parameters, gradient
+# reduction and buffers in bf16) on every A100-40GB row and the two 70b A100-80GB rows,
+# DEFAULT (composer: bf16 parameters, float32 gradient reduction) on the rest.
+# torchtitan reduces in float32 by default (training.mixed_precision_reduce).
+MPT_PURE = frozenset({("70b", "a100_80")})
+TORCHTITAN_REDUCE = "fp32"
+
+
+def mpt_reduce_dtype(size: str, gpu: str) -> str:
+    """The gradient reduction dtype of an llm-foundry table row (its MP Mode column)."""
+    return "bf16" if gpu == "a100_40" or (size, gpu) in MPT_PURE else "fp32"
+
+
 def mpt(size: str, gpu: str, gpus: int, seq: int, mbs: int, accum: int, ac: bool,
         tokens: float) -> Run:
-    """One row of llm-foundry's benchmark tables: FSDP FULL_SHARD over every GPU."""
+    """One row of llm-foundry's benchmark tables: FSDP FULL_SHARD over every GPU, the
+    gradients reduced in the row's MP Mode's dtype (:func:`mpt_reduce_dtype`)."""
     note = "" if gpu != "h100" else "; interconnect not stated, 3200 Gbps assumed"
     return Run(f"MPT-{size} {gpu} x{gpus} s{seq}", _mpt(*MPT_SIZES[size]), GPU_NODE[gpu],
-               gpus // 8, seq, Candidate(1, gpus, 1, 1, mbs, accum, "full" if ac else "none"),
+               gpus // 8, seq, Candidate(1, gpus, 1, 1, mbs, accum, "full" if ac else "none",
+                                         reduce_dtype=mpt_reduce_dtype(size, gpu)),
                tokens, f"{MPT} ({gpu} table, mbs {mbs}, accum {accum}, AC {ac}{note})",
                whole_forward=True)
 
@@ -161,11 +178,11 @@ RUNS = [
     mpt("7b", "a100_40", 128, 2048, 18, 1, True, 3623),
     mpt("30b", "a100_40", 128, 2048, 6, 1, True, 865),
     Run("torchtitan Llama-3-8B", llama3("8b"), "8xA100-80GB+1600Gbps", 8, 8192,
-        Candidate(1, 64, 1, 1, 1, 1, "save_matmuls"), 2973,
+        Candidate(1, 64, 1, 1, 1, 1, "save_matmuls", reduce_dtype=TORCHTITAN_REDUCE), 2973,
         f"{TITAN}: 64 A100-80GB, FSDP2, local batch 1, selective op AC; interconnect not "
         f"stated, 1600 Gbps assumed"),
     Run("torchtitan Llama-3-70B", llama3("70b"), "8xA100-80GB+1600Gbps", 8, 8192,
-        Candidate(1, 64, 1, 1, 1, 1, "full"), 331,
+        Candidate(1, 64, 1, 1, 1, 1, "full", reduce_dtype=TORCHTITAN_REDUCE), 331,
         f"{TITAN}: 64 A100-80GB, FSDP2, local batch 1, full AC"),
     Run("MaxText Llama-2-70B", LLAMA70, "8xH100-SXM+3200Gbps", 8, 4096,
         Candidate(1, 64, 1, 1, 2, 1, "save_qkv"), 1035.97,
@@ -191,11 +208,12 @@ assert FIT == {r.name for r in [r for r in RUNS if r.candidate is not None][::3]
 SCALING_CSV = Path(__file__).resolve().parent / "data" / "published_scaling.csv"
 
 
-# the csv's Llama models: (the name of their rows, the model, their attention kernel) and
-# its ``ac`` column
-LLAMAS = {"llama3_8b": ("torchtitan Llama-3.1-8B", llama3("8b"), "flash2"),
-          "llama3_70b": ("MaxText Llama-3-70B", llama3("70b"), "cudnn"),
-          "llama2_70b": ("MaxText Llama-2-70B", LLAMA70, "cudnn")}
+# the csv's Llama models: (the name of their rows, the model, their attention kernel,
+# their gradient reduction dtype: None where the recipe does not say, jaxsmp's default)
+# and its ``ac`` column
+LLAMAS = {"llama3_8b": ("torchtitan Llama-3.1-8B", llama3("8b"), "flash2", TORCHTITAN_REDUCE),
+          "llama3_70b": ("MaxText Llama-3-70B", llama3("70b"), "cudnn", None),
+          "llama2_70b": ("MaxText Llama-2-70B", LLAMA70, "cudnn", None)}
 REMAT = {"1": "full", "0": "none", "s": "save_matmuls", "q": "save_qkv"}
 
 
@@ -208,10 +226,10 @@ def scaling_series() -> dict[str, list[Run]]:
     for name, model, gpu, gpus, seq, mbs, accum, ac, sdp, tokens, source in csv.reader(lines):
         gpus, seq, mbs, accum, sdp = int(gpus), int(seq), int(mbs), int(accum), int(sdp) or int(gpus)
         if model in LLAMAS:
-            title, config, kernel = LLAMAS[model]
+            title, config, kernel, reduce = LLAMAS[model]
             run = Run(f"{title} x{gpus}", config, GPU_NODE[gpu], gpus // 8, seq,
-                      Candidate(gpus // sdp, sdp, 1, 1, mbs, accum, REMAT[ac]), float(tokens),
-                      source, attention=kernel)
+                      Candidate(gpus // sdp, sdp, 1, 1, mbs, accum, REMAT[ac],
+                                reduce_dtype=reduce), float(tokens), source, attention=kernel)
         else:
             assert sdp == gpus, f"{name}: llm-foundry's FSDP shards over every GPU"
             run = replace(mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens)),

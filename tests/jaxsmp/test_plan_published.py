@@ -54,11 +54,10 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 26.4%; 4 of 86 rows beyond 20%. Three are the odd row of "
-    "their own series: MPT-70b on 64 A100-40GB (+26%: microbatch 2 on 40 GB, 27% slower "
-    "per GPU than its 128-GPU row), MPT-760m on 8 H100 (+25%: 8% slower than its 16-GPU "
-    "row), MPT-1b on 32 A100-40GB (+23%: 18% slower per GPU than its 16- and 64-GPU "
-    "rows); MPT-13b on 16 H100 is +20.04%, its series +19% to +20% throughout"))
+    "largest held-out error 27.0%; 3 of 86 rows beyond 20%, each the odd row of its own "
+    "series: MPT-760m on 8 H100 (+27%: 8% slower than its 16-GPU row), MPT-70b on 64 "
+    "A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), "
+    "MPT-1b on 32 A100-40GB (+24%: 18% slower per GPU than its 16- and 64-GPU rows)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
@@ -74,10 +73,11 @@ def test_every_series_trend_is_within_10_points_of_the_published_one(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "3 of 22 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
+    "4 of 22 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
     "8 nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
-    "+0.05% and +0.2%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) where it "
-    "predicts -0.4%"))
+    "+0.1% and +0.2%; MPT-13b H100 (1 -> 8; its four rows within 1% of each other) gains "
+    "0.2% where it predicts -0.5%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) "
+    "where it predicts -0.4%"))
 def test_every_series_trend_has_the_published_sign(result):
     assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
 
@@ -87,10 +87,12 @@ def test_what_holds_today_does_not_get_worse(result):
     """What holds today, so that it does not get worse unnoticed."""
     series = result["series"].values()
     assert all((pub > 0) == (pred > 0) or abs(pred - pub) < 0.085 for pub, pred, _ in series)
-    assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 3
+    # 4 (was 3) since the rows reduce gradients in the dtype their runs did: MPT-13b
+    # H100's flat series (+0.2% published) is predicted at -0.5%
+    assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 4
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
-    assert result["worst"] < 0.27
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 4
+    assert result["worst"] < 0.275
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 3
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
@@ -124,6 +126,25 @@ def test_each_published_run_is_priced_with_the_attention_kernel_it_ran(bench):
     assert all(k == "flash2" for n, k in kernels.items() if n.startswith(("MPT", "torchtitan")))
     assert kernels["GPT-NeoX-20B"] is kernels["BLOOM-176B"] is None
     assert sum(k == "cudnn" for k in kernels.values()) == 12
+
+
+def test_each_published_run_reduces_gradients_in_the_dtype_its_run_did(bench):
+    """llm-foundry's tables give each run's MP Mode: PURE (bf16 gradient reduction) on
+    the A100-40GB rows and the two 70b A100-80GB rows, DEFAULT (composer: float32) on
+    the rest; torchtitan reduces in float32 by default; MaxText's recipes do not say
+    (jaxsmp's default, bf16)."""
+    runs = bench.RUNS + bench.scaling_runs()
+    reduced = {r.name: r.candidate.reduced for r in runs if r.candidate}
+    pure = {n for n in reduced if n.startswith("MPT") and (
+        " a100_40 " in n or n.startswith("MPT-70b a100_80 "))}
+    assert len(pure) == 36
+    for name, dtype in reduced.items():
+        if name.startswith("MPT"):
+            assert dtype == ("bf16" if name in pure else "fp32"), name
+        elif name.startswith("torchtitan"):
+            assert dtype == "fp32", name
+        elif name.startswith("MaxText"):
+            assert dtype == "bf16", name
 
 
 def test_torchtitans_runs_are_its_compiled_rows_as_jaxsmps_step_is_compiled(bench):
