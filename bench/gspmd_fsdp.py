@@ -3,7 +3,8 @@ that ``bench/fsdp_compare.py`` compiles beside jaxsmp's step.
 
 A plain JAX Llama (RMSNorm, rotary, SwiGLU) or GPT-NeoX block (``kind="gelu"``: RMSNorm for
 its LayerNorms, parallel residual, a GELU MLP; no biases, full rotary; the norm is
-``jaxsmp.nn.norm``'s, as in jaxsmp's step), its layers stacked
+``jaxsmp.nn.norm``'s and the loss ``jaxsmp.losses.next_token_loss`` on bf16 logits, as in
+jaxsmp's step, so that the two differ in how they shard), its layers stacked
 under ``lax.scan`` with ``jax.checkpoint``; float32 master weights,
 each split over ``fsdp`` on its largest dimension (with ``tp``: Megatron's column / row
 splits, ``fsdp`` on the other dimension); activations constrained to batch sharding at
@@ -30,6 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxsmp.losses import next_token_loss
 from jaxsmp.nn.norm import rms_norm
 
 REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
@@ -146,12 +148,7 @@ def loss_fn(params, tokens, w: Width, remat: str, cast: str, batch_spec: P,
     head = params["lm_head"].astype(jnp.bfloat16)
     if gather == "weights":
         head = jax.lax.with_sharding_constraint(head, _whole(specs(w, tp)["lm_head"]))
-    logits = _rms(h, params["final_norm"]) @ head
-    logits = logits[:, :-1].astype(jnp.float32)
-    labels = tokens[:, 1:]
-    logz = jax.nn.logsumexp(logits, -1)
-    picked = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
-    return jnp.mean(logz - picked)
+    return next_token_loss(_rms(h, params["final_norm"]) @ head, tokens)
 
 
 def compile_step(devices, mesh_shape: dict, w: Width, seq: int, batch: int,
