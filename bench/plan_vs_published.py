@@ -401,15 +401,16 @@ def plot(result: dict, path: str):
     for axis in (rows.xaxis, rows.yaxis):
         axis.set_ticks(ticks, [str(t) for t in ticks])
         axis.set_minor_locator(matplotlib.ticker.NullLocator())
-    misses = 0
+    misses = []
     for name, (pub, pred, _) in result["series"].items():
         miss = (pub > 0) != (pred > 0) or abs(pred - pub) > 0.10
         trends.scatter(100 * pub, 100 * pred, s=28, color="C3" if miss else "C0")
-        if miss:    # labels staggered: the misses near 0 overlap
-            trends.annotate(name, (100 * pub, 100 * pred), fontsize=7,
-                            xytext=(6, 14 - 11 * misses), textcoords="offset points",
-                            arrowprops={"arrowstyle": "-", "lw": 0.4})
-            misses += 1
+        misses += [(pred, pub, name)] * miss
+    # labels staggered from the highest prediction down: the misses near 0 overlap
+    for k, (pred, pub, name) in enumerate(sorted(misses, reverse=True)):
+        trends.annotate(name, (100 * pub, 100 * pred), fontsize=7,
+                        xytext=(6, 14 - 11 * k), textcoords="offset points",
+                        arrowprops={"arrowstyle": "-", "lw": 0.4})
     span = [-15, 40]
     trends.plot(span, span, "k-", lw=0.8)
     trends.fill_between(span, [v - 10 for v in span], [v + 10 for v in span], alpha=0.1)
