@@ -119,9 +119,11 @@ def gemms_per_computation(hlo_text: str) -> list[collections.Counter]:
     return [c for c in found if c]
 
 
-def compile_step(step: Any, state: Any, batch: Any, mesh: Any):
+def compile_step(step: Any, state: Any, batch: Any, mesh: Any,
+                 compiler_options: dict | None = None):
     """``step`` (a ``jaxsmp.step``) compiled by XLA:GPU for ``mesh`` (a ``jaxsmp.Mesh``
     of :func:`topology` devices) from abstract ``state`` and ``batch``, as calling it
-    compiles it (with its precision's XLA options)."""
+    compiles it (with its precision's XLA options); ``compiler_options``: more, on top
+    of the step's own, for a comparison (bf16 compiled as fp8 is, say)."""
     with compiling_for(gpu_of(mesh)), jax.set_mesh(mesh.jax_mesh):
-        return step.lower(state, batch).compile()
+        return step.lower(state, batch).compile(compiler_options)
