@@ -7,7 +7,7 @@ defaults. The target config gets a CUDA runtime version (``runtime_version``): w
 one XLA takes the toolkit to be 0.0.0, and its GEMM rewriter only emits FP8 cuBLASLt
 calls from CUDA 12 on (the shipped H100 config has none).
 
-    python bench/fp8_compile.py [--layers 2] [--seq 2048] [--mesh sdp=8 ...]
+    python bench/fp8_compile.py [--layers 2] [--seq 2048] [--mesh sdp=8 ...] [--reduce-dtype bf16]
 """
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--mesh", nargs="+", default=["sdp=8", "sdp=4,tp=2"])
     parser.add_argument("--remat", default="full")
+    parser.add_argument("--reduce-dtype", choices=["bf16", "fp32"],
+                        help="every step's gradient reduction (default: each precision's)")
     args = parser.parse_args(argv)
+    options = dict(seq=args.seq, remat=args.remat, reduce_dtype=args.reduce_dtype)
     print("| model | mesh | fp8 GEMM call sites | per computation | bf16 temporaries MiB "
           "| fp8 temporaries MiB | fp8 / bf16 | bf16 without Triton GEMMs MiB | fp8 / that |"
           "\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -73,11 +76,9 @@ def main(argv=None) -> int:
                                       attention_impl="cudnn")
         for mesh in args.mesh:
             degrees = {k: int(v) for k, v in (p.split("=") for p in mesh.split(","))}
-            out = {p: compile_step(config, degrees, p, seq=args.seq, remat=args.remat)
-                   for p in ("bf16", "fp8")}
+            out = {p: compile_step(config, degrees, p, **options) for p in ("bf16", "fp8")}
             # bf16 on fp8's GEMM backend (cuBLAS, its precision's XLA options)
-            out["cublas"] = compile_step(config, degrees, "bf16", seq=args.seq,
-                                         remat=args.remat,
+            out["cublas"] = compile_step(config, degrees, "bf16", **options,
                                          compiler_options=dict(FP8_COMPILER_OPTIONS))
             temp = {p: c.memory_analysis().temp_size_in_bytes / MiB for p, c in out.items()}
             print(f"| {family} {preset} x{args.layers} | {mesh} | "

@@ -157,7 +157,21 @@ def analyse(compiled) -> dict:
             "kernels": round(k.launch / hlo_cost.LAUNCH_SECONDS),
             "collective_gib": total / GiB, "overlapped_fraction": overlapped / max(total, 1),
             "collectives": {key: round(v, 3) for key, v in sorted(by_kind.items())},
-            **layer_sized}
+            **layer_sized, **_memory_kernels(text, k)}
+
+
+def _memory_kernels(text: str, k: hlo_cost.KernelTime) -> dict:
+    """The memory-bound kernels' HBM GiB per step: by where they run (the layer loops or
+    the entry computation) and whether they write float32, and the largest 40."""
+    entry = hlo_cost.parse(text)[1]
+    where = collections.Counter()
+    for key, nbytes in k.memory_kernels.items():
+        comp, shape = key.split("/", 1)[0], key.split(" ", 1)[1]
+        where[f"{'entry' if comp == entry else 'loops'}, "
+              f"{'float32' if 'f32[' in shape else 'other'} results"] += nbytes / GiB
+    largest = sorted(k.memory_kernels.items(), key=lambda item: -item[1])[:40]
+    return {"hbm_gib_by_place": {key: round(v, 3) for key, v in sorted(where.items())},
+            "largest_memory_kernels_gib": [(key, round(v / GiB, 3)) for key, v in largest]}
 
 
 HEADER = ("| work | mesh | remat | contender | temporaries MiB | step ms (GEMM / attn / mem / "
@@ -186,6 +200,9 @@ def main(argv=None) -> int:
     p.add_argument("--all", action="store_true", help="both works, both meshes, full and none")
     p.add_argument("--no-flags", action="store_true", help="compile without jaxsmp's XLA flags")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="after each row, its memory-bound HBM bytes by place and its N "
+                        "largest memory-bound kernels (bytes x loop trips)")
     args = p.parse_args(argv)
     if args.all:
         args.work, args.mesh, args.remat = sorted(WORKS), ["sdp=8", "sdp=4,tp=2"], ["full", "none"]
@@ -205,6 +222,10 @@ def main(argv=None) -> int:
                              **analyse(compiled))
                     results.append(r)
                     print(row(r), flush=True)
+                    if args.kernels:
+                        print(f"  memory-bound GiB by place: {r['hbm_gib_by_place']}")
+                        for key, gib in r["largest_memory_kernels_gib"][:args.kernels]:
+                            print(f"  {gib:7.3f}  {key[:150]}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

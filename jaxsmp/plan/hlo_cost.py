@@ -91,6 +91,8 @@ class KernelTime:
     attention_flops: float = 0.0
     memory_bytes: float = 0.0
     collectives: list[Collective] = field(default_factory=list)
+    # HBM bytes per step of each memory-bound kernel, keyed "computation/name shape"
+    memory_kernels: dict[str, float] = field(default_factory=dict)
 
     @property
     def compute(self) -> float:
@@ -104,6 +106,8 @@ class KernelTime:
                                         c.count * times, c.dtype, c.overlapped,
                                         c.asynchronous)
                              for c in other.collectives]
+        for key, nbytes in other.memory_kernels.items():
+            self.memory_kernels[key] = self.memory_kernels.get(key, 0.0) + times * nbytes
 
 
 @dataclass(frozen=True)
@@ -278,6 +282,7 @@ class _Coster:
         else:
             total.memory += memory
             total.memory_bytes += nbytes
+            total.memory_kernels[f"{comp}/{i.name} {i.shape}"] = nbytes
 
     def attention_flops(self, i: Instr, target: str) -> float:
         """4 x scores x head dim (QK^T and PV), half of it under a causal mask; the

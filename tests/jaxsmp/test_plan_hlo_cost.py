@@ -55,6 +55,13 @@ def test_a_loop_body_counts_once_per_trip_known_or_read_from_its_condition():
                                              * 2 / 1e9))
 
 
+def test_each_memory_kernel_is_listed_with_its_bytes_times_its_trips():
+    k = estimate(MODULE, RATES)
+    sliced = (1024 + 1 + 1024) * 4   # the slice read, its s32 index, its result written
+    assert k.memory_kernels == {"body/f f32[1,1024]{1,0}": (3 + 5) * sliced}
+    assert sum(k.memory_kernels.values()) == k.memory_bytes
+
+
 def test_an_async_fusion_start_calls_one_computation_not_its_metadata():
     """XLA in jax 0.11/0.12 prints ``calls=%f, metadata={...}`` on an async fusion-start;
     reading ``metadata`` as a second callee failed the whole estimate (KeyError)."""
