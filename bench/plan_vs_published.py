@@ -258,10 +258,16 @@ def predicted(run: Run, fitted: Fitted = FITTED) -> tuple[float, str]:
     return step.tokens_per_second / target.world, candidate.label()
 
 
+_PRICED: dict[str, tuple[Workload, object]] = {}
+
+
 def _priced(run: Run) -> tuple[Workload, object]:
-    """The workload and step semantics a run is priced with."""
-    return (Workload(run.config, run.seq_len, run.attention),
-            replace(TARGET, whole_forward=run.whole_forward))
+    """The workload and step semantics a run is priced with (one each per run, so a fit's
+    many evaluations reuse the workload's traced counts)."""
+    if run.name not in _PRICED:
+        _PRICED[run.name] = (Workload(run.config, run.seq_len, run.attention),
+                             replace(TARGET, whole_forward=run.whole_forward))
+    return _PRICED[run.name]
 
 
 def jaxsmp_memory(run: Run) -> tuple[float, float]:
