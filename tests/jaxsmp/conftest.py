@@ -1,6 +1,9 @@
 """Shared fixtures for jaxsmp tests: a tiny GPT-NeoX, random tokens, a training run."""
 import contextlib
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -8,6 +11,18 @@ import optax
 import pytest
 
 import jaxsmp
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def bench_module(name: str):
+    """``bench/<name>.py`` imported as the module ``name`` (its dataclasses look their
+    module up in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -2,27 +2,16 @@
 (``bench/plan_vs_published.py``): the held-out rows, their error and each published
 scaling series' trend over node counts (issue 38's targets; the ones not met are strict
 xfails that say by how much)."""
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan_vs_published.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("plan_vs_published", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module    # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from conftest import bench_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _bench()
+    return bench_module("plan_vs_published")
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +148,7 @@ def test_torchtitans_runs_are_its_compiled_rows_as_jaxsmps_step_is_compiled(benc
 
 @pytest.mark.slow
 def test_the_bias_table_groups_every_held_out_row_once(result):
-    spec = importlib.util.spec_from_file_location("plan_bias", BENCH.parent / "plan_bias.py")
-    bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bias)
+    bias = bench_module("plan_bias")
     grouped = bias.groups(result)
     assert sorted(e for errors in grouped.values() for e in errors) == sorted(
         result["held_out"].values())
