@@ -87,7 +87,9 @@ traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter)
 85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
 program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
 ``hlo_cost`` and ``compiled_time`` are that roofline, which the GPU pre-flight prints
-beside the analytic model). sdp gathers (compute dtype) and reduce-scatters (the
+beside the analytic model). With ``precision="fp8"`` the Linears' GEMMs run at the FP8
+peak's same fraction and each GEMM operand element moves ``FP8_QUANTISE_BYTES`` more per
+pass (casts to float8, amax, transposes; ``calibrate --fp8``). sdp gathers (compute dtype) and reduce-scatters (the
 candidate's ``reduce_dtype``: the step's default, bf16 with bf16 compute, else float32) per
 layer and microbatch use the cost model's best algorithm on the sdp group's topology
 (sharing the host's network with the other groups of the host), plus a launch cost per

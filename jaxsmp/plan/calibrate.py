@@ -14,6 +14,11 @@ size (else the two are collinear).
 
     python -m jaxsmp.plan.calibrate [--family llama] [--gpu A100-80GB]
 
+``--fp8`` derives :data:`jaxsmp.plan.calibration.FP8_QUANTISE_BYTES` instead: each
+:data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, the
+per-layer growth of fp8's memory-bound seconds over bf16's against the analytic
+quantisation traffic (:func:`jaxsmp.plan.throughput.fp8_quantise`).
+
 Prints the scales to paste into ``calibration.py``; takes a few minutes.
 """
 from __future__ import annotations
@@ -38,6 +43,9 @@ SEQ, BATCH = 2048, 16
 # least the optimizer and the loss can move (outside the layers and the activation and
 # weight traffic both grow with depth, and an unbounded fit traded them off to 0)
 FLOOR = (0.0, 0.0, 1.0)
+# (family, preset, microbatch size) of the fp8 shapes: two widths, and at one of them
+# two microbatch sizes (weights and activations are both quantised)
+FP8_SHAPES = [("gpt_neox", "1.3b", 1), ("gpt_neox", "1.3b", 4), ("llama", "7b", 1)]
 
 
 def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
@@ -67,6 +75,38 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     return rows
 
 
+def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
+    """(compiled, analytic unscaled) seconds per layer that fp8 adds, per shape."""
+    import jaxsmp
+    from jaxsmp.plan import cluster as make_cluster
+    from jaxsmp.plan.candidate import Candidate
+    from jaxsmp.plan.compiled import compile_candidate
+    from jaxsmp.plan.compiled_time import compiled_time
+    from jaxsmp.plan.gpu_preflight import _topology
+    from jaxsmp.plan.throughput import fp8_quantise
+    from jaxsmp.plan.workload import Workload
+    target = make_cluster(f"8x{gpu}+400Gbps", 1)
+    rows = []
+    for family, name, mbs in FP8_SHAPES:
+        extra = {}
+        for depth in DEPTHS:
+            config = jaxsmp.models.preset(family, name, num_hidden_layers=depth)
+            seconds = {}
+            for precision in ("bf16", "fp8"):
+                candidate = Candidate(1, 8, 1, 1, mbs, 1, "none", precision)
+                compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
+                k = compiled_time(compiled, target.node.gpu, precision, target).kernels
+                seconds[precision] = k.memory + k.launch
+            analytic = fp8_quantise(Workload(config, SEQ), candidate, target)
+            extra[depth] = (seconds["fp8"] - seconds["bf16"], analytic)
+        layers = DEPTHS[1] - DEPTHS[0]
+        rows.append(tuple((extra[DEPTHS[1]][i] - extra[DEPTHS[0]][i]) / layers
+                          for i in range(2)))
+        print(f"  {family} {name} mbs {mbs}: fp8 adds {rows[-1][0] * 1e3:.3f} ms a layer "
+              f"compiled, {rows[-1][1] * 1e3:.3f} ms at 1 byte an element", flush=True)
+    return rows
+
+
 def fit(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
     """Least-squares scales of the rows' analytic parts, each at least its
     :data:`FLOOR`, relative errors weighed equally (every subset of the parts tried above
@@ -91,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m jaxsmp.plan.calibrate", description=__doc__)
     p.add_argument("--family", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--gpu", default="A100-80GB")
+    p.add_argument("--fp8", action="store_true",
+                   help="derive FP8_QUANTISE_BYTES (on H100-SXM) instead of the scales")
     args = p.parse_args(argv)
     if "JAX_PLATFORMS" not in os.environ:
         # python -m imported jaxsmp, and with it jax, before this line: tell its config too
@@ -98,6 +140,12 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax
         jax.config.update("jax_platforms", "cpu")
+    if args.fp8:
+        rows = fp8_measurements()
+        ratios = [compiled / analytic for compiled, analytic in rows]
+        print(f"FP8_QUANTISE_BYTES = {sum(ratios) / len(ratios):.2f}  # per shape: "
+              + ", ".join(f"{r:.2f}" for r in ratios), flush=True)
+        return
     for family in args.family:
         scales = fit(measurements(family, args.gpu))
         print(f'    "{family}": MemoryScale({", ".join(f"{s:.3f}" for s in scales)}),',

@@ -18,7 +18,7 @@ from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
 from jaxsmp.plan import moe
 from jaxsmp.plan.activation_gather import planned
-from jaxsmp.plan.calibration import FITTED, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.calibration import FITTED, FP8_QUANTISE_BYTES, HBM_EFFICIENCY, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.comm import (
     all_reduce_seconds,
@@ -85,12 +85,12 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     rate = gpu.flops(c.precision)
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul_flops = moe.layer_matmul_flops(w, c, tokens, split)
-    dense = w.layer_matmul_params - w.layer_expert_params
-    matmul_bytes = cbytes * ((dense + w.layer_expert_params / c.ep) / split
-                             + GEMM_ACTIVATION_WIDTHS * tokens * w.hidden)
+    elements = _gemm_elements(w, c, tokens, split)
     linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
     matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
-                 matmul_bytes / hbm)
+                 cbytes * elements / hbm)
+    if c.precision == "fp8":   # each GEMM's operands cast to float8, their amax, transposes
+        matmul += FP8_QUANTISE_BYTES * elements / hbm
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
     kernel = w.attention_kernel_at(c.precision)
     attention = causal_flops / (rate * gpu.attention_share(kernel) * fitted.attention)
@@ -123,6 +123,24 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     cp = cp_forward * (2 if c.remat != "none" else 1) + cp_backward  # recompute: again
     ep = moe.exchange_seconds(w, c, cluster, tokens, cbytes)
     return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp, ep)
+
+
+def _gemm_elements(w: Workload, c: Candidate, tokens: int, split: int) -> float:
+    """Elements of one layer's GEMM operands on one device for one microbatch: its
+    weights (the experts' over ep) and the hidden-wide activations they read or write."""
+    dense = w.layer_matmul_params - w.layer_expert_params
+    return ((dense + w.layer_expert_params / c.ep) / split
+            + GEMM_ACTIVATION_WIDTHS * tokens * w.hidden)
+
+
+def fp8_quantise(w: Workload, c: Candidate, cluster: Cluster) -> float:
+    """Unscaled seconds of one step's float8 quantisation on one device at 1 byte per
+    GEMM operand element and pass, remat none and pp = 1 (3 passes: the forward's GEMMs
+    and the backward's two), what :mod:`jaxsmp.plan.calibrate` scales to the compiled
+    program (:data:`~jaxsmp.plan.calibration.FP8_QUANTISE_BYTES`)."""
+    tokens = c.microbatch_size * w.seq_len // c.cp
+    hbm = cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
+    return 3 * c.microbatches * w.layers * _gemm_elements(w, c, tokens, c.tp) / hbm
 
 
 def _overlapped(layer: _Layer, semantics: Semantics,

@@ -33,8 +33,9 @@ def test_the_planner_predicts_jaxsmps_measured_bf16_steps_within_10_percent(benc
     assert all(abs(e) <= 0.10 for e in errors.values()), errors
 
 
-@pytest.mark.xfail(strict=True, reason="fp8's quantisation work (scales, casts, amax) is "
-                   "not priced: the planner's fp8 step is 27% faster than the measured one")
+@pytest.mark.xfail(strict=True, reason="the planner's fp8 step is 12% faster than the "
+                   "measured one: its float8 GEMMs are priced at twice bf16's achieved rate "
+                   "(no FP8 GEMM rate measured; the compiled roofline does the same)")
 def test_the_planner_predicts_jaxsmps_measured_fp8_step_within_10_percent(bench, rows):
     fp8 = [r for r in rows if r.candidate.precision == "fp8"]
     assert fp8 and all(abs(bench.error(r)) <= 0.10 for r in fp8)
