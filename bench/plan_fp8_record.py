@@ -12,6 +12,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_vs_published as pvp
 
+from bench.published_runs import GPU_NODE, LLAMAS, MAXTEXT, Run
+from jaxsmp.plan import Candidate
+
 # the FP8 tables of the recipes whose bf16 tables are held out (bench/data/
 # published_scaling.csv's MaxText rows: 2 sequences per GPU, ZeRO-3 over every GPU up to
 # 256, over 128 with DP beyond): model -> (sequence length, step seconds per GPU count)
@@ -24,13 +27,13 @@ FP8_STEPS = {"llama2_70b": (4096, {64: 4.324, 128: 4.556, 256: 4.959, 512: 5.043
 def main() -> None:
     """Predicted against MaxText's FP8 tables, and each table's trend."""
     for model, (seq, steps) in FP8_STEPS.items():
-        title, config, kernel, _ = pvp.LLAMAS[model]
+        title, config, kernel, _ = LLAMAS[model]
         pairs = []
         for gpus, seconds in steps.items():
             sdp = gpus if gpus <= 256 else 128
-            c = pvp.Candidate(gpus // sdp, sdp, 1, 1, 2, 1, "save_qkv", "fp8")
-            run = pvp.Run(f"{title} fp8 x{gpus}", config, pvp.GPU_NODE["h100"], gpus // 8,
-                          seq, c, 2 * seq / seconds, pvp.MAXTEXT, attention=kernel)
+            c = Candidate(gpus // sdp, sdp, 1, 1, 2, 1, "save_qkv", "fp8")
+            run = Run(f"{title} fp8 x{gpus}", config, GPU_NODE["h100"], gpus // 8,
+                          seq, c, 2 * seq / seconds, MAXTEXT, attention=kernel)
             pairs.append((run.tokens_per_gpu, pvp.predicted(run)[0]))
             print(f"| {run.name} | {pairs[-1][0]:,.0f} | {pairs[-1][1]:,.0f} | "
                   f"{pairs[-1][1] / pairs[-1][0] - 1:+.1%} |")
