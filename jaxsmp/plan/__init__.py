@@ -87,16 +87,17 @@ traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter)
 85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
 program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
 ``hlo_cost`` and ``compiled_time`` are that roofline, which the GPU pre-flight prints
-beside the analytic model). With ``precision="fp8"`` the Linears' GEMMs run at the FP8
-peak's same fraction and each GEMM operand element moves ``FP8_QUANTISE_BYTES`` more per
-pass (casts to float8, amax, transposes; ``calibrate --fp8``). sdp gathers (compute dtype) and reduce-scatters (the
-candidate's ``reduce_dtype``: the step's default, bf16 with bf16 compute, else float32) per
-layer and microbatch use the cost model's best algorithm on the sdp group's topology
-(sharing the host's network with the other groups of the host), plus a launch cost per
-collective call; with prefetch they hide behind a fitted share (``overlap``) of the
-compute beside them, which meanwhile runs without the SMs NCCL's kernels hold
-(``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on H100), and the first gather
-and last reduce-scatter of each microbatch have nothing to hide behind; else they add.
+beside the analytic model). With ``precision="fp8"`` the Linears' GEMMs run at the same
+fraction of the FP8 peak and each GEMM operand element moves ``FP8_QUANTISE_BYTES`` more
+per pass (casts to float8, amax, transposes; ``calibrate --fp8``). sdp gathers (compute
+dtype) and reduce-scatters (the candidate's ``reduce_dtype``: the step's default, bf16
+with bf16 compute, else float32) per layer and microbatch use the cost model's best
+algorithm on the sdp group's topology (sharing the host's network with the other groups
+of the host), plus a launch cost per collective call; with prefetch they hide behind a
+fitted share (``overlap``) of the compute beside them, which meanwhile runs without the
+SMs NCCL's kernels hold (``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on
+H100), and the first gather and last reduce-scatter of each microbatch have nothing to
+hide behind; else they add.
 Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
 and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
 gradient shards per step (in ``reduce_dtype``). The

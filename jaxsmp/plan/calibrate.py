@@ -97,7 +97,8 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
                 compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
                 k = compiled_time(compiled, target.node.gpu, precision, target).kernels
                 seconds[precision] = k.memory + k.launch
-            analytic = fp8_quantise(Workload(config, SEQ), candidate, target)
+            fp8 = Candidate(1, 8, 1, 1, mbs, 1, "none", "fp8")
+            analytic = fp8_quantise(Workload(config, SEQ), fp8, target)
             extra[depth] = (seconds["fp8"] - seconds["bf16"], analytic)
         layers = DEPTHS[1] - DEPTHS[0]
         rows.append(tuple((extra[DEPTHS[1]][i] - extra[DEPTHS[0]][i]) / layers
