@@ -15,9 +15,10 @@ size (else the two are collinear).
     python -m jaxsmp.plan.calibrate [--family llama] [--gpu A100-80GB]
 
 ``--fp8`` derives :data:`jaxsmp.plan.calibration.FP8_QUANTISE_BYTES` instead: each
-:data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, the
-per-layer growth of fp8's memory-bound seconds over bf16's against the analytic
-quantisation traffic (:func:`jaxsmp.plan.throughput.fp8_quantise`).
+:data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, both
+reducing gradients in float32 (fp8's default), the per-layer growth of fp8's
+memory-bound seconds over bf16's against the analytic quantisation traffic
+(:func:`jaxsmp.plan.throughput.fp8_quantise`).
 
 Prints the scales to paste into ``calibration.py``; takes a few minutes.
 """
@@ -93,7 +94,9 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
             config = jaxsmp.models.preset(family, name, num_hidden_layers=depth)
             seconds = {}
             for precision in ("bf16", "fp8"):
-                candidate = Candidate(1, 8, 1, 1, mbs, 1, "none", precision)
+                # both reduce in float32, fp8's default: the difference is fp8's own
+                candidate = Candidate(1, 8, 1, 1, mbs, 1, "none", precision,
+                                      reduce_dtype="fp32")
                 compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
                 k = compiled_time(compiled, target.node.gpu, precision, target).kernels
                 seconds[precision] = k.memory + k.launch
