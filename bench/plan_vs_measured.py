@@ -7,7 +7,8 @@ sections, stored in ``bench/results/*.json``), predicted by ``jaxsmp.plan.evalua
 one GPU of the kind it ran on, as that check's section 5 does. Where several files time
 the same row, the newest (by the check's start time) stands: a rerun after a fix to
 the step replaces what the fix changed. Errors are in tokens per second, + where the
-planner is too fast, as in the published table. None of these rows is fitted.
+planner is too fast, as in the published table. None of these rows is fitted, except
+that offload's host-link rate (``hardware.PCIE_GEN5``) was derived from its row.
 
     python bench/plan_vs_measured.py
 """
