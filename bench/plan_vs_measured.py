@@ -21,9 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jaxsmp
-from bench.gpucheck.planner import planner_gpu, rows
-from jaxsmp.plan import Candidate, Cluster, Workload, evaluate, generic_node
+from bench.gpucheck.planner import one_gpu, planner_gpu, priced, rows
+from jaxsmp.plan import Candidate, Workload
 from jaxsmp.plan.calibration import FITTED, Fitted
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,18 +51,15 @@ def measured_rows(results: Path = RESULTS) -> list[Measured]:
             continue
         started = data.get("meta", {}).get("started", "")
         for r in rows({}, sections):
-            config = jaxsmp.models.preset(r["family"], r["preset"], **r["config"])
-            row = Measured(r["label"], gpu, Workload(config, r["seq"]),
-                           Candidate(1, 1, 1, 1, r["batch"], 1, r["remat"], r["precision"]),
-                           r["measured_s"], path.name)
+            row = Measured(r["label"], gpu, *priced(r), r["measured_s"], path.name)
             if r["label"] not in found or found[r["label"]][0] < started:
                 found[r["label"]] = (started, row)
     return [row for _, row in found.values()]
 
 
 def predicted_seconds(row: Measured, fitted: Fitted = FITTED) -> float:
-    cluster = Cluster(generic_node(row.gpu, gpus=1), 1)
-    return evaluate(row.workload, row.candidate, cluster, fitted=fitted).throughput.step_seconds
+    """The planner's step on one GPU, as gpu_check's section 5 prices it."""
+    return one_gpu(row.workload, row.candidate, row.gpu, fitted).throughput.step_seconds
 
 
 def error(row: Measured, fitted: Fitted = FITTED) -> float:

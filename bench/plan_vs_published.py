@@ -2,8 +2,8 @@
 
 Every row is a published run with its configuration (model, GPUs, interconnect, mesh,
 microbatch, activation checkpointing) and its measured tokens per second per GPU,
-from the source named in its row (the rows: ``bench/published_runs.py``). The planner predicts the run's own configuration
-(:func:`jaxsmp.plan.evaluate`); both sides are shown as model TFLOP/s per GPU counted
+from the source named in its row (the rows: ``bench/published_runs.py``). The planner
+predicts the run's own configuration (:func:`jaxsmp.plan.evaluate`); both sides are shown as model TFLOP/s per GPU counted
 the same way (:func:`jaxsmp.metrics.train_flops_per_token`), so the error is the error
 in tokens per second. Megatron's runs published hardware TFLOP/s (its formula with
 recomputation), converted back to tokens per second with that formula. Each row also

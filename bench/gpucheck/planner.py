@@ -46,10 +46,26 @@ def rows(ctx: dict, results: dict) -> list[dict]:
     return out
 
 
-def run(row: dict, ctx: dict, deadline: float) -> dict:
+def priced(row: dict):
+    """(workload, candidate) of a measured row: its model and its step on one GPU."""
     import jaxsmp
+    from jaxsmp.plan import Candidate, Workload
+    config = jaxsmp.models.preset(row["family"], row["preset"], **row["config"])
+    return (Workload(config, row["seq"]),
+            Candidate(1, 1, 1, 1, row["batch"], 1, row["remat"], row["precision"]))
+
+
+def one_gpu(workload, candidate, gpu: str, fitted=None):
+    """``jaxsmp.plan.evaluate`` of ``candidate`` on one ``gpu`` (``fitted``: the planner's
+    constants, its own by default)."""
+    from jaxsmp.plan import Cluster, evaluate, generic_node
+    from jaxsmp.plan.calibration import FITTED
+    return evaluate(workload, candidate, Cluster(generic_node(gpu, gpus=1), 1),
+                    fitted=fitted or FITTED)
+
+
+def run(row: dict, ctx: dict, deadline: float) -> dict:
     from bench.gpucheck.common import Skip
-    from jaxsmp.plan import Candidate, Cluster, Workload, evaluate, generic_node
     env = ctx["env"]
     if ctx["smoke"]:
         gpu, note = "H100-SXM", "not comparable: measured on CPU (--smoke)"
@@ -57,10 +73,7 @@ def run(row: dict, ctx: dict, deadline: float) -> dict:
         gpu, note = planner_gpu(env.get("device_kind", ""))
         if gpu is None:
             raise Skip(note)
-    config = jaxsmp.models.preset(row["family"], row["preset"], **row["config"])
-    candidate = Candidate(1, 1, 1, 1, row["batch"], 1, row["remat"], row["precision"])
-    plan = evaluate(Workload(config, row["seq"]), candidate,
-                    Cluster(generic_node(gpu, gpus=1), 1))
+    plan = one_gpu(*priced(row), gpu)
     out = {"gpu": gpu, "predicted_s": plan.throughput.step_seconds,
            "predicted_gib": plan.memory.total / 2**30, "note": note}
     if not ctx["smoke"]:
