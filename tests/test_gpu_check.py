@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpucheck import attention, planner, report, runner
+from bench.gpucheck import attention, gemms, planner, report, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a CPU cannot run, and says so in the row
@@ -42,7 +42,10 @@ def test_smoke_run_fills_every_section_and_writes_markdown_and_json(tmp_path):
     assert {r["contender"] for r in training} == {"jaxsmp", "jax.jit", "torch"}
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in training)
     assert [r["fp8_gemms"] for r in data["fp8"]["rows"]] == [0, 0]  # XLA:CPU: no cuBLASLt
-    assert len(data["planner"]["rows"]) == 7   # one per measured jaxsmp row
+    assert len(data["planner"]["rows"]) == 8   # one per measured jaxsmp row
+    assert {r["kind"] for r in data["gemms"]["rows"]} == set(gemms.KINDS)
+    assert all(r["tflops"] > 0 for r in data["gemms"]["rows"])
+    assert all(r["vs_bf16"] > 0 for r in data["gemms"]["rows"] if r["kind"] != "bf16")
     assert "### 1. Training throughput" in done.stdout
 
 
@@ -52,12 +55,15 @@ def test_rows_share_a_worker_on_cpu_and_get_one_each_when_isolated():
     assert runner.groups(rows, isolate=True) == [[0], [1], [2], [3]]
 
 
-def test_only_keeps_the_rows_whose_label_holds_its_text():
-    rows = [{"label": "llama 7b-width seq 2048 jaxsmp"}, {"label": "gpt_neox 1.3b seq 2048"}]
-    assert runner.chosen("training", rows, "llama") == rows[:1]
+def test_only_keeps_the_rows_whose_label_holds_one_of_its_texts():
+    rows = [{"label": "llama 7b-width seq 2048 jaxsmp"}, {"label": "gpt_neox 1.3b seq 2048"},
+            {"label": "gpt_neox 1.3b remat=full"}]
+    assert runner.chosen("training", rows, ["llama"]) == rows[:1]
+    assert runner.chosen("training", rows, ["jaxsmp", "remat="]) == [rows[0], rows[2]]
     assert runner.chosen("training", rows, None) == rows
-    assert runner.chosen("environment", rows, "llama") == rows
-    assert runner.parse(["--only", "llama"]).only == "llama"
+    assert runner.chosen("environment", rows, ["llama"]) == rows
+    assert runner.parse(["--only", "llama"]).only == ["llama"]
+    assert runner.parse(["--only", "jaxsmp", "fp8"]).only == ["jaxsmp", "fp8"]
 
 
 def test_attention_flops_follow_flash_attentions_causal_convention():

@@ -1,10 +1,10 @@
-"""Section 5: the planner's single-GPU step time (``jaxsmp.plan.evaluate`` of
+"""Section 7: the planner's single-GPU step time (``jaxsmp.plan.evaluate`` of
 ``Candidate(1, 1, 1, 1, batch, 1, remat, precision)`` on one GPU of the measured kind,
 jaxsmp's target semantics) against each jaxsmp row measured above. Runs on the CPU
 (``JAX_PLATFORMS=cpu``): the planner needs no device."""
 from __future__ import annotations
 
-TITLE = "5. Planner against measurement"
+TITLE = "7. Planner against measurement"
 ISOLATE = False
 ENV = {"JAX_PLATFORMS": "cpu"}
 COLUMNS = [("source", "row", ""), ("model", "model", ""), ("seq", "seq", ""),

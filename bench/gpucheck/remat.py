@@ -1,8 +1,8 @@
-"""Section 4: jaxsmp's ``remat`` policies on GPT-NeoX 1.3b, seq 2048, batch 8, bf16:
+"""Section 5: jaxsmp's ``remat`` policies on GPT-NeoX 1.3b, seq 2048, batch 8, bf16:
 step time and peak memory (each row in its own process on a GPU)."""
 from __future__ import annotations
 
-TITLE = "4. Recomputation policies"
+TITLE = "5. Recomputation policies"
 ISOLATE = True
 POLICIES = ("none", "full", "save_matmuls", "offload")
 COLUMNS = [("model", "model", ""), ("seq", "seq", ""), ("batch", "batch", ""),

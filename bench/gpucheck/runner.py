@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (section, share of the budget); a section's budget is its share of what is left, so
 # time an earlier section did not use goes to the later ones
 SECTIONS = (("environment", 0), ("training", 48), ("attention", 17), ("fp8", 14),
-            ("remat", 17), ("planner", 4))
+            ("gemms", 6), ("remat", 17), ("kernels", 12), ("planner", 4))
 ENVIRONMENT_S = 45       # the environment's budget, out of the total: the rest need it
 FLOOR_S = {"planner": 20}  # a worker's start at least, though earlier sections overran
 DEFAULT_BUDGET_S = 440   # 8 minutes less 40 s for start-up, writing and margin
@@ -40,8 +40,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", choices=[s for s, _ in SECTIONS],
                         default=[s for s, _ in SECTIONS],
                         help="run only these (environment always runs)")
-    parser.add_argument("--only", default=None, metavar="TEXT",
-                        help="run only the rows whose label holds TEXT (e.g. 'llama')")
+    parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                        help="run only the rows whose label holds one of the TEXTs "
+                             "(e.g. 'llama')")
     parser.add_argument("--out", type=Path, default=None,
                         help="also write the results (and the workers' log) here")
     parser.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
@@ -178,11 +179,11 @@ def groups(rows: list[dict], isolate: bool) -> list[list[int]]:
     return out
 
 
-def chosen(section: str, rows: list[dict], only: str | None) -> list[dict]:
-    """The rows ``--only`` keeps: those whose label holds its text (the environment's
-    all)."""
+def chosen(section: str, rows: list[dict], only: list[str] | None) -> list[dict]:
+    """The rows ``--only`` keeps: those whose label holds one of its texts (the
+    environment's all)."""
     return rows if section == "environment" or only is None else [
-        r for r in rows if only in r["label"]]
+        r for r in rows if any(text in r["label"] for text in only)]
 
 
 def run_section(name: str, module, results: dict, ctx: dict, workers: Workers,

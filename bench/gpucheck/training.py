@@ -1,7 +1,9 @@
 """Section 1: training throughput, MFU and peak memory on one device.
 
-GPT-NeoX 1.3b (16,384 tokens a step) and a Llama-2-7B-width model (8,192 tokens a step,
-as many of its 32 layers as the planner's memory model fits in JAX's memory pool), bf16
+GPT-NeoX 1.3b (16,384 tokens a step), a Llama-2-7B-width model (8,192 tokens a step,
+as many of its 32 layers as the planner's memory model fits in JAX's memory pool) and
+BLOOM 1b7 (8,192 tokens a step, layers fitted alike; ALiBi, so jaxsmp's Pallas
+FlashAttention where the others run cuDNN's; no PyTorch contender), bf16
 with float32 master weights, AdamW, gradient clipping at 1.0, no recomputation; seq 2048
 and 4096. Contenders: jaxsmp (``jaxsmp.step``), the same model in a hand-written
 ``jax.jit`` step (cuDNN attention; jaxsmp's XLA flags off, ``JAXSMP_XLA_FLAGS=0``), and
@@ -26,9 +28,10 @@ state included. jaxsmp and the hand-written step use the same Flax model and los
 
 CONTENDERS = ("jaxsmp", "jax.jit", "torch")
 GPU_SHAPES = {"seqs": (2048, 4096), "neox": ("gpt_neox", "1.3b", 16384),
-              "llama": ("llama", "7b", 8192)}
+              "llama": ("llama", "7b", 8192), "bloom": ("bloom", "1b7", 8192)}
 SMOKE_SHAPES = {"seqs": (64,), "neox": ("gpt_neox", "tiny", 128),
-                "llama": ("llama", "tiny", 128)}
+                "llama": ("llama", "tiny", 128), "bloom": ("bloom", "tiny", 128)}
+GPU_ATTENTION = {"bloom": "pallas"}   # cuDNN's kernel takes no ALiBi slopes
 SMOKE_MEMORY = 2 * 2**30   # the layer fit's memory with --smoke (no device statistics)
 
 
@@ -41,8 +44,7 @@ def fit_layers(family: str, preset: str, seq: int, batch: int, memory: float) ->
     candidate = Candidate(1, 1, 1, 1, batch, 1, "none", "bf16")
 
     def need(n: int) -> float:
-        config = base.replace(num_hidden_layers=n, max_position_embeddings=max(
-            seq, base.max_position_embeddings))
+        config = shaped(base, n, seq)
         return estimate_memory(Workload(config, seq), candidate).total
     one, two = need(1), need(2)
     n = int((memory - one) // max(two - one, 1.0)) + 1
@@ -52,18 +54,26 @@ def fit_layers(family: str, preset: str, seq: int, batch: int, memory: float) ->
     return n if n > 1 or one <= memory else 0
 
 
+def shaped(config, layers: int, seq: int):
+    """``config`` with ``layers`` layers and a position table long enough for ``seq``
+    (BLOOM names its layer count ``n_layer`` and, with ALiBi, has no position table)."""
+    table = getattr(config, "max_position_embeddings", None)
+    return config.replace(**{"n_layer" if hasattr(config, "n_layer") else
+                             "num_hidden_layers": layers},
+                          **({} if table is None else {"max_position_embeddings": max(seq, table)}))
+
+
 def model_row(family: str, preset: str, seq: int, batch: int, layers: int, smoke: bool,
               **extra) -> dict:
     """A row's model: enough for a worker to rebuild it (``config_of``), and its FLOPs."""
     import jaxsmp
     from jaxsmp.metrics.flops import train_flops_per_token
     base = jaxsmp.models.preset(family, preset)
-    config = base.replace(num_hidden_layers=layers, max_position_embeddings=max(
-        seq, base.max_position_embeddings))
+    config = shaped(base, layers, seq)
     fields = {k: v for k, v in asdict(config).items() if k != "attention_impl"}
     return {"family": family, "preset": preset, "model": f"{family} {preset}",
             "layers": layers, "seq": seq, "batch": batch, "config": fields,
-            "attention": "reference" if smoke else "cudnn",
+            "attention": "reference" if smoke else GPU_ATTENTION.get(family, "cudnn"),
             "flops_per_token": train_flops_per_token(config, seq), **extra}
 
 
@@ -72,15 +82,17 @@ def rows(ctx: dict, results: dict) -> list[dict]:
     memory = SMOKE_MEMORY if ctx["smoke"] else ctx["env"]["jax_bytes_limit_gib"] * 2**30
     out = []
     for seq in shapes["seqs"]:
-        for key in ("neox", "llama"):
+        for key in ("neox", "llama", "bloom"):
             family, preset, tokens = shapes[key]
             batch = max(1, tokens // seq)
             layers = (jaxsmp_layers(family, preset) if key == "neox"
                       else fit_layers(family, preset, seq, batch, memory))
             model = model_row(family, preset, seq, batch, layers, ctx["smoke"])
-            if key == "llama":
-                model["model"] = f"llama 7b-width ({layers} of 32 layers)"
-            for contender in CONTENDERS:
+            if key != "neox":
+                whole = jaxsmp_layers(family, preset)
+                model["model"] = (f"llama 7b-width ({layers} of {whole} layers)" if key == "llama"
+                                  else f"{family} {preset} ({layers} of {whole} layers)")
+            for contender in CONTENDERS[:2] if key == "bloom" else CONTENDERS:
                 env = ({"JAXSMP_XLA_FLAGS": "0"} if contender == "jax.jit" and not ctx["smoke"]
                        else {})  # XLA:CPU ignores jaxsmp's GPU flags: one worker serves
                 out.append({**model, "contender": contender, "env": env,
