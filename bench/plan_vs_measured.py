@@ -4,9 +4,9 @@
 (PyTorch FSDP, Megatron, MaxText). This checks it on the program the planner plans:
 every jaxsmp row that ``bench/gpu_check.py`` timed (its training, fp8 and remat
 sections, stored in ``bench/results/*.json``), predicted by ``jaxsmp.plan.evaluate`` for
-one GPU of the kind it ran on, as that check's section 5 does. Where several files time
-the same row, the newest (by the check's start time) stands: a rerun after a fix to
-the step replaces what the fix changed. Errors are in tokens per second, + where the
+one GPU of the kind it ran on, as that check's planner section does. Where several files time
+the same row on the same kind of GPU, the newest (by the check's start time) stands: a
+rerun after a fix to the step replaces what the fix changed. Errors are in tokens per second, + where the
 planner is too fast, as in the published table. None of these rows is fitted, except
 that offload's host-link rate (``hardware.PCIE_GEN5``) was derived from its row.
 
@@ -40,8 +40,8 @@ class Measured:
 
 def measured_rows(results: Path = RESULTS) -> list[Measured]:
     """Every jaxsmp row of the stored GPU checks, the newest file's where several
-    time the same row."""
-    found: dict[str, tuple[str, Measured]] = {}
+    time the same row on the same kind of GPU."""
+    found: dict[tuple[str, str], tuple[str, Measured]] = {}
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
         sections = data.get("sections", {})
@@ -52,13 +52,14 @@ def measured_rows(results: Path = RESULTS) -> list[Measured]:
         started = data.get("meta", {}).get("started", "")
         for r in rows({}, sections):
             row = Measured(r["label"], gpu, *priced(r), r["measured_s"], path.name)
-            if r["label"] not in found or found[r["label"]][0] < started:
-                found[r["label"]] = (started, row)
+            key = (r["label"], gpu)
+            if key not in found or found[key][0] < started:
+                found[key] = (started, row)
     return [row for _, row in found.values()]
 
 
 def predicted_seconds(row: Measured, fitted: Fitted = FITTED) -> float:
-    """The planner's step on one GPU, as gpu_check's section 5 prices it."""
+    """The planner's step on one GPU, as gpu_check's planner section prices it."""
     return one_gpu(row.workload, row.candidate, row.gpu, fitted).throughput.step_seconds
 
 

@@ -15,27 +15,51 @@ def rows(bench):
     return bench.measured_rows()
 
 
+H100, H200 = "H100-SXM", "H200"
+# rows the planner misses by more than 10%, and why (bench/results: what the H100's step
+# traced shows, 2026-11-28-nvidia-h100-kernels; docs/planner.md, "jaxsmp's own steps")
+KNOWN_MISSES = {
+    ("remat: gpt_neox 1.3b remat=full", H100):
+        "-11.5%: recomputation is priced as one more pass over the layer's activations; "
+        "traced, remat leaves the memory-bound kernels as they were and cuts the residual "
+        "copies (22 ms a step to 3)",
+    ("training: bloom 1b7 (24 of 24 layers) seq 4096 jaxsmp", H100):
+        "-11.4%: Pallas' FlashAttention is priced at 0.34 x 0.59 of peak (198 TFLOP/s); "
+        "it ran at 303 in the traced step, 240 to 313 alone",
+    ("fp8: gpt_neox 1.3b fp8", H200):
+        "+12.7%: the H200's 1.43x HBM bandwidth speeds fp8's quantisation traffic in the "
+        "model; measured, its fp8 step is 2.4% faster than the H100's (+0.9% there)",
+}
+
+
 def test_every_stored_jaxsmp_row_is_read_and_a_rerun_replaces_the_first_timing(rows):
-    labels = [r.label for r in rows]
-    assert len(rows) >= 10 and len(set(labels)) == len(labels)
-    llama = next(r for r in rows if r.label.startswith("training: llama") and "2048" in r.label)
+    keys = [(r.label, r.gpu) for r in rows]
+    assert len(rows) >= 20 and len(set(keys)) == len(keys)
+    assert {r.gpu for r in rows} == {H100, H200}
+    llama = next(r for r in rows if r.label.startswith("training: llama") and "2048" in r.label
+                 and r.gpu == H200)
     # timed again after one-device steps stopped double-buffering the layer loop
     assert llama.source.endswith("llama-rerun.json") and llama.seconds == pytest.approx(
         0.4446, abs=1e-4)
 
 
-def test_the_planner_predicts_jaxsmps_measured_bf16_steps_within_10_percent(bench, rows):
+def _checked(rows):
     # offload is left out: its host-link rate (hardware.PCIE_GEN5) was derived from it
-    checked = [r for r in rows if r.candidate.precision == "bf16"
-               and r.candidate.remat != "offload"]
-    errors = {r.label: bench.error(r) for r in checked}
-    assert len(errors) >= 8
+    return [r for r in rows if r.candidate.remat != "offload"]
+
+
+def test_the_planner_predicts_jaxsmps_measured_steps_within_10_percent(bench, rows):
+    errors = {(r.label, r.gpu): bench.error(r) for r in _checked(rows)
+              if (r.label, r.gpu) not in KNOWN_MISSES}
+    assert len(errors) >= 15
+    assert {k[1] for k in errors} == {H100, H200}
+    assert any("fp8" in k[0] for k in errors) and any("bloom" in k[0] for k in errors)
     assert all(abs(e) <= 0.10 for e in errors.values()), errors
 
 
-@pytest.mark.xfail(strict=True, reason="the planner's fp8 step is 13% faster than the "
-                   "measured one: its float8 GEMMs are priced at twice bf16's achieved rate "
-                   "(no FP8 GEMM rate measured; the compiled roofline does the same)")
-def test_the_planner_predicts_jaxsmps_measured_fp8_step_within_10_percent(bench, rows):
-    fp8 = [r for r in rows if r.candidate.precision == "fp8"]
-    assert fp8 and all(abs(bench.error(r)) <= 0.10 for r in fp8)
+@pytest.mark.xfail(strict=True, reason="; ".join(f"{k[0]} on {k[1]}: {v}"
+                                                 for k, v in KNOWN_MISSES.items()))
+def test_the_planner_predicts_the_rows_it_misses_within_10_percent(bench, rows):
+    missed = [r for r in _checked(rows) if (r.label, r.gpu) in KNOWN_MISSES]
+    assert len(missed) == len(KNOWN_MISSES)
+    assert all(abs(bench.error(r)) <= 0.10 for r in missed)
