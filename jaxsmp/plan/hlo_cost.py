@@ -4,7 +4,7 @@
 kernel is costed once per execution: a ``while`` loop's body times its trip count
 (``known_trip_count`` in its backend config; XLA's ``cost_analysis`` counts a body
 once), conditionals at their costliest branch, calls and async wrappers at what they
-call. A kernel is
+call, an asynchronous ``fusion-start`` (jax 0.11+) as the fusion it runs. A kernel is
 
 - a GEMM (a fusion around a ``dot``, or a cuBLAS custom call): its FLOPs at the GPU's
   achievable matmul rate, or its operand and result bytes at HBM bandwidth if slower;
@@ -48,7 +48,7 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
          "all-gather-done", "all-reduce-done", "collective-permute-done", "copy-done",
          "reduce-scatter-done", "all-to-all-done",
-         "async-done", "send-done", "recv-done", "iota"}
+         "async-done", "send-done", "recv-done", "iota", "fusion-done"}
 COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "collective-permute",
                "all-to-all", "send", "recv"}
 
@@ -158,6 +158,23 @@ def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
             for name, body in lines.items()}, entry
 
 
+def as_fusion(start: Instr) -> Instr:
+    """An asynchronous ``fusion-start`` (XLA:GPU in jax 0.11+ wraps some fusions, e.g.
+    the in-place updates of a loop's stacked residuals, in a start / done pair) as the
+    fusion it runs: its operands, and its result, the second element of the start's
+    ``((operands), result, context)`` tuple. The done moves nothing of its own."""
+    inner = start.shape.strip()[1:-1]
+    depth, parts, begin = 0, [], 0
+    for k, ch in enumerate(inner):
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(inner[begin:k])
+            begin = k + 1
+    parts.append(inner[begin:])
+    return Instr(start.name, parts[1].strip() if len(parts) > 2 else start.shape, "fusion",
+                 start.operands, start.attrs, start.args)
+
+
 def _config(attrs: str) -> dict:
     found = re.search(r"backend_config=(\{.*\})\s*$", attrs)
     if not found:
@@ -206,6 +223,8 @@ class _Coster:
                 total.add(max(branches, key=lambda k: k.compute))
         elif i.op.removesuffix("-start") in COLLECTIVES:
             total.collectives += self.collective(comp, i)
+        elif i.op == "fusion-start":    # one kernel, its done free
+            self.kernel(comp, as_fusion(i), total)
         elif i.op in ("call", "async-start") or (i.op.endswith("-start") and "calls=" in i.attrs):
             for name in callees(i.attrs, "to_apply") + callees(i.attrs, "calls"):
                 total.add(self.computation(name))
@@ -254,6 +273,7 @@ class _Coster:
 
     def is_compute(self, comp: str, i: Instr) -> bool:
         """A GEMM or fused attention kernel."""
+        i = as_fusion(i) if i.op == "fusion-start" else i
         target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
         target = target.group(1) if target else ""
         return (target.startswith("__cudnn$fmha") or bool(self.pallas_flops(comp, i, target))
