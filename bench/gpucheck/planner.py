@@ -14,8 +14,8 @@ COLUMNS = [("source", "row", ""), ("model", "model", ""), ("seq", "seq", ""),
            ("predicted_gib", "predicted GiB", ".2f"), ("measured_gib", "peak GiB", ".2f")]
 NOTES = """The planner's constants were fitted to published multi-GPU runs, not to jaxsmp
 (`jaxsmp/plan/__init__.py`); a row here checks them on jaxsmp's own step. Stored in
-`bench/results/`, the run's JSON joins `python bench/plan_vs_measured.py`, and its bf16
-rows (offload aside) `tests/jaxsmp/test_plan_measured.py`'s 10% bound. Its memory is
+`bench/results/`, the run's JSON joins `python bench/plan_vs_measured.py`, and its rows
+(offload aside) `tests/jaxsmp/test_plan_measured.py`'s 10% bound. Its memory is
 the model's per-device peak against `peak_bytes_in_use`."""
 
 SECTIONS = ("training", "fp8", "remat")
