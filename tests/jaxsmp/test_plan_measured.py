@@ -17,7 +17,8 @@ def rows(bench):
 
 H100, H200 = "H100-SXM", "H200"
 # rows the planner misses by more than 10%, and why (bench/results: what the H100's step
-# traced shows, 2026-11-28-nvidia-h100-kernels; docs/planner.md, "jaxsmp's own steps")
+# traced shows, 2026-11-28-nvidia-h100-kernels; docs/planner.md, "Where the step's time
+# goes")
 KNOWN_MISSES = {
     ("remat: gpt_neox 1.3b remat=full", H100):
         "-11.5%: recomputation is priced as one more pass over the layer's activations; "
