@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpucheck import attention, gemms, planner, report, runner
+from bench.gpucheck import attention, gemms, kernels, planner, report, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 # what a CPU cannot run, and says so in the row
@@ -100,3 +100,17 @@ def test_smoke_workers_serve_one_group_after_another_in_one_process(tmp_path):
         workers.close()
     assert [r["status"] for r in results] == ["ok", "ok"]
     assert pids[0] == pids[1]
+
+
+def test_a_traced_kernel_is_matched_by_its_instruction_then_its_name_then_its_library():
+    class Event:
+        def __init__(self, name, stats=()):
+            self.name, self.stats = name, list(stats)
+    kinds = {"loop_add_fusion.3": "memory", "gemm_fusion_dot.1": "gemm"}
+    kinds = {**kinds, **{k.replace(".", "_"): v for k, v in kinds.items()}}
+    assert kernels.kind_of(Event("k", [("hlo_op", "while.2,gemm_fusion_dot.1")]), kinds) == "gemm"
+    assert kernels.kind_of(Event("loop_add_fusion_3"), kinds) == "memory"
+    assert kernels.kind_of(Event("nvjet_sm90_tst_256x128_64x4_TNT"), kinds) == "gemm"
+    assert kernels.kind_of(Event("cudnn_generated_fort_native_sdpa_sm90"), kinds) == "attention"
+    assert kernels.kind_of(Event("memcpy128"), kinds) == "copy"
+    assert kernels.kind_of(Event("some_unknown_kernel"), kinds) is None

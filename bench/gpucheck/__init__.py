@@ -18,6 +18,8 @@ one row), each section's rows in one worker with ``--smoke`` (CPU, tiny shapes):
 * ``gemms``: single GEMMs at the measured models' Linear shapes, bf16 against float8,
   with the cuBLASLt FP8 calls in each compiled call (:mod:`~bench.gpucheck.gemms`);
 * ``remat``: none, full, save_matmuls, offload (:mod:`~bench.gpucheck.remat`);
+* ``kernels``: jaxsmp's step traced, its kernels' seconds as GEMMs, attention and
+  memory-bound work, and the rates they reached (:mod:`~bench.gpucheck.kernels`);
 * ``planner``: the planner's single-GPU step time against each measured jaxsmp row
   (:mod:`~bench.gpucheck.planner`).
 

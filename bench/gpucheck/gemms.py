@@ -11,9 +11,8 @@ the fp8 step's options (``PRECISIONS["fp8"].compiler_options``); ``fp8 TN`` hold
 kernel as ``[out, in]`` (cuBLASLt's native FP8 layout), ``fp8 NN`` as jaxsmp's Linear
 does (``[in, out]``, which the compiled program may transpose first); ``bf16 cuBLAS`` is
 bf16 compiled with the fp8 step's options (no Triton GEMMs), as an fp8 step runs the
-GEMMs it leaves in bf16; ``fp8 e5m2`` is
-an input-gradient GEMM (``dy @ w.T`` with jaxsmp's ``[in, out]`` kernel, ``dy`` in
-``float8_e5m2``)."""
+GEMMs it leaves in bf16; ``fp8 e5m2`` is an input-gradient GEMM (``dy @ w.T`` with
+jaxsmp's ``[in, out]`` kernel, ``dy`` in ``float8_e5m2``)."""
 from __future__ import annotations
 
 TITLE = "4. GEMM rates, bf16 and float8"

@@ -24,7 +24,9 @@ COLUMNS = [("model", "model", ""), ("seq", "seq", ""), ("batch", "batch", ""),
 NOTES = """Seconds are per step: the kernels' durations on the GPU over the traced steps
 (`kernels s` against the timed `step s` shows the gaps between kernels). Rates divide
 the compiled program's work (`jaxsmp.plan.hlo_cost`: GEMM FLOPs, attention FLOPs as
-FlashAttention counts them, bytes of the other kernels) by the matched kernels' seconds.
+FlashAttention counts them, bytes of the other kernels) by the matched kernels' seconds
+(memory-bound bytes over the memory-bound kernels' and the copies' seconds: XLA runs some
+in-place updates as copies).
 `unmatched`: kernels neither found in the program nor named as a library's GEMM or
 attention kernels (none expected); the row's JSON lists them, and each category's
 longest kernels.
@@ -50,26 +52,6 @@ def rows(ctx: dict, results: dict) -> list[dict]:
                     "remat": "none", "precision": "bf16"})
     return [{**r, "contender": "jaxsmp", "label": f"{r['model']} x{r['layers']} seq "
              f"{r['seq']} remat={r['remat']} {r['precision']} kernels"} for r in out]
-
-
-def categories(text: str) -> dict[str, str]:
-    """Each kernel-launching instruction of the compiled program: gemm, attention or
-    memory, as :mod:`jaxsmp.plan.hlo_cost` prices it."""
-    from jaxsmp.plan.hlo_cost import _Coster, parse
-    computations, _ = parse(text)
-    coster = _Coster(computations, None)
-    out = {}
-    for comp, instrs in computations.items():
-        for i in instrs:
-            target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
-            target = target.group(1) if target else ""
-            if target.startswith("__cudnn$fmha") or coster.pallas_flops(comp, i, target):
-                out[i.name] = "attention"
-            elif coster.matmul_flops(comp, i, target):
-                out[i.name] = "gemm"
-            else:
-                out[i.name] = "memory"
-    return out
 
 
 LIBRARY = (("gemm", re.compile(r"gemm|xmma|nvjet|cutlass|cublas", re.I)),
@@ -125,7 +107,7 @@ def run(row: dict, ctx: dict, deadline: float) -> dict:
     from bench.gpucheck.jax_steps import measure_jaxsmp
     from jaxsmp.plan.compiled_time import rates
     from jaxsmp.plan.hardware import GPUS
-    from jaxsmp.plan.hlo_cost import estimate
+    from jaxsmp.plan.hlo_cost import estimate, kernel_kinds
     out, state, step, batch = measure_jaxsmp(row, deadline, ctx["target_s"],
                                              row["precision"], row["remat"])
     text = step.lower(state, batch).compile().as_text()
@@ -135,7 +117,7 @@ def run(row: dict, ctx: dict, deadline: float) -> dict:
             for _ in range(TRACED_STEPS):
                 state, metrics = step(state, batch)
             jax.block_until_ready(metrics["loss"])
-        seconds, unknown, longest = kernel_seconds(trace, categories(text))
+        seconds, unknown, longest = kernel_seconds(trace, kernel_kinds(text))
     per = {k: v / TRACED_STEPS for k, v in seconds.items()}
     other = sum(unknown.values()) / TRACED_STEPS
     top = sorted(unknown.items(), key=lambda kv: -kv[1])[:6]
@@ -147,9 +129,11 @@ def run(row: dict, ctx: dict, deadline: float) -> dict:
                         for k, v in longest.items()},
                gemm_flops=work.matmul_flops, attention_flops=work.attention_flops,
                memory_bytes=work.memory_bytes)
-    for key, amount, scale in (("gemm", work.matmul_flops, 1e12),
-                               ("attention", work.attention_flops, 1e12),
-                               ("memory", work.memory_bytes, 1e9)):
-        unit = "gbps" if key == "memory" else "tflops"
-        out[f"{key}_{unit}"] = amount / per[key] / scale if per.get(key) else None
+    # hlo_cost's memory-bound bytes include the in-place updates XLA runs as copies
+    memory = per.get("memory", 0.0) + per.get("copy", 0.0)
+    for key, amount, seconds_, scale in (
+            ("gemm_tflops", work.matmul_flops, per.get("gemm"), 1e12),
+            ("attention_tflops", work.attention_flops, per.get("attention"), 1e12),
+            ("memory_gbps", work.memory_bytes, memory, 1e9)):
+        out[key] = amount / seconds_ / scale if seconds_ else None
     return out

@@ -57,9 +57,9 @@ def fit_layers(family: str, preset: str, seq: int, batch: int, memory: float) ->
 def shaped(config, layers: int, seq: int):
     """``config`` with ``layers`` layers and a position table long enough for ``seq``
     (BLOOM names its layer count ``n_layer`` and, with ALiBi, has no position table)."""
+    from jaxsmp.plan.compiled import layer_field
     table = getattr(config, "max_position_embeddings", None)
-    return config.replace(**{"n_layer" if hasattr(config, "n_layer") else
-                             "num_hidden_layers": layers},
+    return config.replace(**{layer_field(config): layers},
                           **({} if table is None else {"max_position_embeddings": max(seq, table)}))
 
 

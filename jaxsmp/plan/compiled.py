@@ -132,7 +132,8 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
     return compiled
 
 
-def _layer_field(config: Any) -> str:
+def layer_field(config: Any) -> str:
+    """The name of a config's layer count (BLOOM's ``n_layer``, else ``num_hidden_layers``)."""
     return "n_layer" if hasattr(config, "n_layer") else "num_hidden_layers"
 
 
@@ -146,7 +147,7 @@ def scale(config: Any, candidate: Candidate, max_devices: int = MAX_DEVICES):
     layers (per-device stacked bytes kept, top-level shards grow). ``note`` is empty
     when nothing changed."""
     c, notes = candidate, []
-    layers = getattr(config, _layer_field(config))
+    layers = getattr(config, layer_field(config))
     if c.world > max_devices and c.dp > 1:
         notes.append(f"dp {c.dp} -> 1 (per-device shapes unchanged)")
         c = dataclasses.replace(c, dp=1)
@@ -166,7 +167,7 @@ def scale(config: Any, candidate: Candidate, max_devices: int = MAX_DEVICES):
     if c.world > max_devices:
         raise ValueError(f"{candidate.label()} still needs {c.world} devices after scaling; "
                          f"raise max_devices above {max_devices}")
-    return config.replace(**{_layer_field(config): layers}), c, "; ".join(notes)
+    return config.replace(**{layer_field(config): layers}), c, "; ".join(notes)
 
 
 def preflight(model_config: Any, plan: Any, seq_len: int, *,
@@ -184,7 +185,7 @@ def preflight(model_config: Any, plan: Any, seq_len: int, *,
     else:
         compiled = _compile_elsewhere(small_config, small, seq_len)
     predicted = estimate_memory(Workload(small_config, seq_len), small, semantics, backend="cpu")
-    return Preflight(candidate, small, getattr(small_config, _layer_field(small_config)),
+    return Preflight(candidate, small, getattr(small_config, layer_field(small_config)),
                      note, compiled, predicted)
 
 

@@ -273,11 +273,17 @@ class _Coster:
 
     def is_compute(self, comp: str, i: Instr) -> bool:
         """A GEMM or fused attention kernel."""
+        return self.kind(comp, i) != "memory"
+
+    def kind(self, comp: str, i: Instr) -> str:
+        """``attention`` (cuDNN's or Pallas' fused attention), ``gemm`` or ``memory``
+        (anything else), as :meth:`kernel` prices the instruction."""
         i = as_fusion(i) if i.op == "fusion-start" else i
         target = re.search(r'custom_call_target="([^"]+)"', i.attrs)
         target = target.group(1) if target else ""
-        return (target.startswith("__cudnn$fmha") or bool(self.pallas_flops(comp, i, target))
-                or bool(self.matmul_flops(comp, i, target)))
+        if target.startswith("__cudnn$fmha") or self.pallas_flops(comp, i, target):
+            return "attention"
+        return "gemm" if self.matmul_flops(comp, i, target) else "memory"
 
     def kernel(self, comp: str, i: Instr, total: KernelTime) -> None:
         total.launch += LAUNCH_SECONDS
@@ -388,6 +394,15 @@ def estimate(text: str, rates: Rates) -> KernelTime:
     """Per-device kernel seconds of one step of the compiled module ``text``."""
     computations, entry = parse(text)
     return _Coster(computations, rates).computation(entry)
+
+
+def kernel_kinds(text: str) -> dict[str, str]:
+    """Each instruction of the module ``text`` by name: ``attention``, ``gemm`` or
+    ``memory``, as :func:`estimate` prices it (what a profile's kernels are matched to)."""
+    computations, _ = parse(text)
+    coster = _Coster(computations, Rates(1.0, 1.0, 1.0))
+    return {i.name: coster.kind(comp, i) for comp, instrs in computations.items()
+            for i in instrs}
 
 
 def exposed_collectives(text: str, rates: Rates) -> list[tuple[Collective, str]]:

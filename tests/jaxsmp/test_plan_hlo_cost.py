@@ -328,3 +328,18 @@ def test_jax_0_11s_program_is_costed_as_the_step_ran_on_an_h100():
                   if r["family"] == "gpt_neox" and r["remat"] == "none"
                   and r["precision"] == "bf16")
     assert k.memory == pytest.approx(traced["memory_s"] + traced["copy_s"], rel=0.10)
+
+
+def test_kernel_kinds_name_each_instruction_as_the_estimate_prices_it():
+    """What gpu_check's kernel trace matches profiled kernels to: the GEMM fusion, the
+    slicing fusion, and a GEMM fusion run asynchronously (its done moves nothing)."""
+    from jaxsmp.plan.hlo_cost import kernel_kinds
+    kinds = kernel_kinds(MODULE)
+    assert kinds["g"] == "gemm" and kinds["f"] == "memory"
+    pair = MODULE.replace(
+        "%g = bf16[64,32]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm",
+        "%gs = ((bf16[64,128]{1,0}, bf16[128,32]{1,0}), bf16[64,32]{1,0}, u32[]) "
+        "fusion-start(%a, %b), kind=kCustom, calls=%gemm\n"
+        "  %g = bf16[64,32]{1,0} fusion-done(%gs)")
+    assert kernel_kinds(pair)["gs"] == "gemm"
+    assert estimate(pair, RATES).matmul_flops == estimate(MODULE, RATES).matmul_flops
