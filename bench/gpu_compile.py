@@ -32,6 +32,7 @@ import jaxsmp  # noqa: E402
 from jaxsmp.checkpoint import abstract_state  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
 from jaxsmp.plan import gpu_target  # noqa: E402
+from jaxsmp.plan.compiled import layer_field  # noqa: E402
 
 MiB = 1 << 20
 # head dims 64 (GPT-NeoX 125m, Bloom 560m with ALiBi) and 128 (Llama 2 7b made grouped-query)
@@ -44,8 +45,7 @@ KERNELS = {"cudnn": "__cudnn$fmha", "triton": "__gpu$xla.gpu.triton"}
 def model_config(family: str, attention: str, layers: int = 2, seq: int = SEQ):
     name, overrides = PRESETS[family]
     config = jaxsmp.models.preset(family, name, **overrides)
-    field = "n_layer" if family == "bloom" else "num_hidden_layers"
-    config = config.replace(attention_impl=attention, **{field: layers})
+    config = config.replace(attention_impl=attention, **{layer_field(config): layers})
     if hasattr(config, "max_position_embeddings"):
         config = config.replace(max_position_embeddings=max(seq, config.max_position_embeddings))
     return config

@@ -54,7 +54,7 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     import jaxsmp
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
-    from jaxsmp.plan.compiled import compile_candidate
+    from jaxsmp.plan.compiled import compile_candidate, layer_field
     from jaxsmp.plan.compiled_time import compiled_time
     from jaxsmp.plan.gpu_preflight import _topology
     from jaxsmp.plan.throughput import memory_bound
@@ -64,8 +64,8 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     for name, overrides, mbs in SHAPES[family]:
         candidate = Candidate(1, 8, 1, 1, mbs, BATCH // 8 // mbs, "full")
         for depth in DEPTHS:
-            field = "n_layer" if family == "bloom" else "num_hidden_layers"
-            config = jaxsmp.models.preset(family, name, **overrides, **{field: depth})
+            config = jaxsmp.models.preset(family, name, **overrides)
+            config = config.replace(**{layer_field(config): depth})
             compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
             kernels = compiled_time(compiled, target.node.gpu, "bf16", target).kernels
             parts = memory_bound(Workload(config, SEQ), candidate, target)
@@ -81,7 +81,7 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     import jaxsmp
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
-    from jaxsmp.plan.compiled import compile_candidate
+    from jaxsmp.plan.compiled import compile_candidate, layer_field
     from jaxsmp.plan.compiled_time import compiled_time
     from jaxsmp.plan.gpu_preflight import _topology
     from jaxsmp.plan.throughput import fp8_quantise
@@ -91,7 +91,8 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     for family, name, mbs in FP8_SHAPES:
         extra = {}
         for depth in DEPTHS:
-            config = jaxsmp.models.preset(family, name, num_hidden_layers=depth)
+            config = jaxsmp.models.preset(family, name)
+            config = config.replace(**{layer_field(config): depth})
             seconds = {}
             for precision in ("bf16", "fp8"):
                 # both reduce in float32, fp8's default: the difference is fp8's own
