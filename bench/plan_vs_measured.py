@@ -10,10 +10,15 @@ rerun after a fix to the step replaces what the fix changed. Errors are in token
 planner is too fast, as in the published table. None of these rows is fitted, except
 that offload's host-link rate (``hardware.PCIE_GEN5``) was derived from its row.
 
-    python bench/plan_vs_measured.py
+``--trace`` prints the traced steps instead (the check's kernels section): each row's
+seconds in GEMMs, in attention and in the rest (memory-bound kernels, copies, gaps),
+against the planner's split of its step (:func:`jaxsmp.plan.throughput.kernel_seconds`).
+
+    python bench/plan_vs_measured.py [--trace]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -22,8 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpucheck.planner import one_gpu, planner_gpu, priced, rows
-from jaxsmp.plan import Candidate, Workload
+from jaxsmp.plan import Candidate, Cluster, Workload, generic_node
 from jaxsmp.plan.calibration import FITTED, Fitted
+from jaxsmp.plan.throughput import kernel_seconds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,18 +44,23 @@ class Measured:
     source: str         # the results file
 
 
-def measured_rows(results: Path = RESULTS) -> list[Measured]:
-    """Every jaxsmp row of the stored GPU checks, the newest file's where several
-    time the same row on the same kind of GPU."""
-    found: dict[tuple[str, str], tuple[str, Measured]] = {}
+def _stored(results: Path):
+    """(file, its start time, its planner GPU, its sections) of each stored check run on
+    a GPU the planner knows."""
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
         sections = data.get("sections", {})
         facts = [r.get("facts", {}) for r in sections.get("environment", {}).get("rows", [])]
         gpu, _ = planner_gpu(facts[0].get("device_kind", "") if facts else "")
-        if gpu is None:
-            continue
-        started = data.get("meta", {}).get("started", "")
+        if gpu is not None:
+            yield path, data.get("meta", {}).get("started", ""), gpu, sections
+
+
+def measured_rows(results: Path = RESULTS) -> list[Measured]:
+    """Every jaxsmp row of the stored GPU checks, the newest file's where several
+    time the same row on the same kind of GPU."""
+    found: dict[tuple[str, str], tuple[str, Measured]] = {}
+    for path, started, gpu, sections in _stored(results):
         for r in rows({}, sections):
             row = Measured(r["label"], gpu, *priced(r), r["measured_s"], path.name)
             key = (r["label"], gpu)
@@ -68,12 +79,48 @@ def error(row: Measured, fitted: Fitted = FITTED) -> float:
     return row.seconds / predicted_seconds(row, fitted) - 1
 
 
-def main() -> None:
-    print("| row | GPU | measured s | predicted s | error (tokens/s) | file |")
-    print("|---|---|---|---|---|---|")
-    for row in measured_rows():
-        print(f"| {row.label} | {row.gpu} | {row.seconds:.4f} | {predicted_seconds(row):.4f} "
-              f"| {error(row):+.1%} | {row.source} |")
+@dataclass(frozen=True)
+class Traced:
+    label: str
+    gpu: str
+    traced: tuple[float, float, float, float]    # step, GEMMs, attention, the rest
+    planned: tuple[float, float, float, float]
+
+
+def traced_rows(results: Path = RESULTS, fitted: Fitted = FITTED) -> list[Traced]:
+    """Every traced jaxsmp step of the stored checks (their kernels section) beside the
+    planner's split of the same step on one GPU of its kind."""
+    out = []
+    for _, _, gpu, sections in _stored(results):
+        for r in sections.get("kernels", {}).get("rows", []):
+            if r.get("status") != "ok":
+                continue
+            workload, candidate = priced(r)
+            step = one_gpu(workload, candidate, gpu, fitted).throughput.step_seconds
+            gemms, attention = kernel_seconds(
+                workload, candidate, Cluster(generic_node(gpu, gpus=1), 1), fitted=fitted)
+            traced = (r["step_s"], r["gemm_s"], r["attention_s"])
+            out.append(Traced(r["label"], gpu, (*traced, traced[0] - sum(traced[1:])),
+                              (step, gemms, attention, step - gemms - attention)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", action="store_true",
+                        help="the traced steps' GEMMs, attention and rest against the plan")
+    if parser.parse_args(argv).trace:
+        print("| row | GPU | step: traced, planned | GEMMs | attention | the rest |")
+        print("|---|---|---|---|---|---|")
+        for t in traced_rows():
+            parts = " | ".join(f"{a:.3f}, {b:.3f}" for a, b in zip(t.traced, t.planned))
+            print(f"| {t.label} | {t.gpu} | {parts} |")
+    else:
+        print("| row | GPU | measured s | predicted s | error (tokens/s) | file |")
+        print("|---|---|---|---|---|---|")
+        for row in measured_rows():
+            print(f"| {row.label} | {row.gpu} | {row.seconds:.4f} "
+                  f"| {predicted_seconds(row):.4f} | {error(row):+.1%} | {row.source} |")
     print(f"\nconstants: {FITTED}")
 
 

@@ -77,23 +77,33 @@ class _Layer:
     ep: float = 0.0
 
 
-def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
-           fitted: Fitted) -> _Layer:
+def _kernels(w: Workload, c: Candidate, cluster: Cluster, split: int,
+             fitted: Fitted) -> tuple[float, float]:
+    """Seconds of one layer's forward GEMMs (roofline: FLOPs at the achievable rate, or
+    their operands' bytes at HBM's) and of its forward FlashAttention (executed causal
+    FLOPs at its kernel's rate), one microbatch on one device."""
     gpu, hbm = cluster.node.gpu, cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
-    cbytes = c.compute_bytes
-    tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
-    rate = gpu.flops(c.precision)
-    split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
-    matmul_flops = moe.layer_matmul_flops(w, c, tokens, split)
-    elements = _gemm_elements(w, c, tokens, split)
+    tokens = c.microbatch_size * w.seq_len // c.cp
     linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
-    matmul = max(matmul_flops / (linear * gpu.matmul_efficiency * fitted.matmul),
-                 cbytes * elements / hbm)
-    if c.precision == "fp8":   # each GEMM's operands cast to float8, their amax, transposes
-        matmul += FP8_QUANTISE_BYTES * elements / hbm
+    matmul = max(moe.layer_matmul_flops(w, c, tokens, split)
+                 / (linear * gpu.matmul_efficiency * fitted.matmul),
+                 c.compute_bytes * _gemm_elements(w, c, tokens, split) / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
     kernel = w.attention_kernel_at(c.precision)
-    attention = causal_flops / (rate * gpu.attention_share(kernel) * fitted.attention)
+    rate = gpu.flops(c.precision) * gpu.attention_share(kernel) * fitted.attention
+    return matmul, causal_flops / rate
+
+
+def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
+           fitted: Fitted) -> _Layer:
+    hbm = cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
+    cbytes = c.compute_bytes
+    tokens = c.microbatch_size * w.seq_len // c.cp    # one microbatch, one device
+    split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
+    matmul, attention = _kernels(w, c, cluster, split, fitted)
+    if c.precision == "fp8":   # each GEMM's operands cast to float8, their amax, transposes
+        matmul += FP8_QUANTISE_BYTES * _gemm_elements(w, c, tokens, split) / hbm
+    kernel = w.attention_kernel_at(c.precision)
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     weights = _weights(w, c, cluster, split) * w.memory_scale.weights
     forward = matmul + attention + elementwise
@@ -187,11 +197,33 @@ def _head(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
     and the logits (compute dtype) moved a few times; on 1/cp of the tokens when tp = 1
     (with tp > 1 the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
+    return _head_gemms(w, c, cluster, fitted) + _head_memory(w, c, cluster) * (
+        w.memory_scale.outside)
+
+
+def _head_gemms(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     gpu = cluster.node.gpu
     tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
     flops = 6 * w.hidden * w.vocab / c.tp * tokens
-    return (flops / (gpu.flops(c.precision) * gpu.matmul_efficiency * fitted.matmul)
-            + _head_memory(w, c, cluster) * w.memory_scale.outside)
+    return flops / (gpu.flops(c.precision) * gpu.matmul_efficiency * fitted.matmul)
+
+
+def kernel_seconds(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics = TARGET,
+                   fitted: Fitted = FITTED) -> tuple[float, float]:
+    """(GEMMs, attention): the seconds of one step on one device that
+    :func:`estimate_time` gives its GEMMs (the head's included, fp8's casts not) and its
+    FlashAttention kernels, forward, backward and recomputed; the rest of the step is
+    memory-bound work, collectives and the optimizer. A profiler's trace splits a step
+    the same way (``bench/plan_vs_measured.py --trace``). ``pp`` = 1 only."""
+    if c.pp != 1:
+        raise ValueError(f"kernel_seconds prices a step with every layer on the device "
+                         f"(pp=1); {c.label()} has pp={c.pp}")
+    matmul, attention = _kernels(w, c, cluster, c.tp if semantics.megatron_tp else 1, fitted)
+    again = c.remat != "none"
+    gemms = 3 + (semantics.recomputed_share(w, c.remat) if again else 0.0)
+    attentions = 1 + backward_ratio(w.attention_kernel_at(c.precision)) + again
+    return (c.microbatches * (w.layers * gemms * matmul + _head_gemms(w, c, cluster, fitted)),
+            c.microbatches * w.layers * attentions * attention)
 
 
 def _elementwise(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:

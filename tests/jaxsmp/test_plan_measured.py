@@ -64,3 +64,16 @@ def test_the_planner_predicts_the_rows_it_misses_within_10_percent(bench, rows):
     missed = [r for r in _checked(rows) if (r.label, r.gpu) in KNOWN_MISSES]
     assert len(missed) == len(KNOWN_MISSES)
     assert all(abs(bench.error(r)) <= 0.10 for r in missed)
+
+
+def test_the_traced_steps_are_read_beside_the_planners_split_of_them(bench, rows):
+    traced = bench.traced_rows()
+    assert len(traced) == 6 and {t.gpu for t in traced} == {H100}
+    neox = next(t for t in traced if t.label.startswith("gpt_neox 1.3b x24 seq 2048 remat=none "
+                                                          "bf16"))
+    # docs/planner.md, "Where the step's time goes": step, GEMMs, attention, the rest
+    assert neox.traced == pytest.approx((0.316, 0.170, 0.031, 0.114), abs=6e-4)
+    assert neox.planned == pytest.approx((0.314, 0.203, 0.039, 0.072), abs=6e-4)
+    for t in traced:
+        assert sum(t.planned[1:]) == pytest.approx(t.planned[0])
+        assert min(t.planned) > 0

@@ -268,3 +268,31 @@ def test_recompute_runs_the_gemms_the_backward_reads_and_save_qkv_not_q_k_v():
     per_gpu = 1024 * 2048 / step.total / 128
     assert (rates["full"].hardware_tflops_per_gpu - rates["save_qkv"].hardware_tflops_per_gpu
             == pytest.approx(2 * W.layers * W.layer_qkv_params * per_gpu / 1e12, rel=1e-3))
+
+
+@pytest.mark.parametrize("family, preset, remat", [
+    ("gpt_neox", "1.3b", "none"), ("gpt_neox", "1.3b", "full"),
+    ("gpt_neox", "1.3b", "save_matmuls"), ("bloom", "1b7", "full"), ("llama", "7b", "none")])
+def test_the_gemm_and_attention_split_is_the_whole_step_when_nothing_else_costs(
+        monkeypatch, family, preset, remat):
+    """On one GPU a step is its GEMMs, attention and memory-bound work; priced with no
+    memory-bound work, ``kernel_seconds`` must account for all of it (Bloom: Pallas'
+    backward ratio; remat: the recomputed GEMM share and attention's rerun)."""
+    from jaxsmp.plan import Cluster, generic_node
+    from jaxsmp.plan.calibration import MemoryScale
+    from jaxsmp.plan.throughput import kernel_seconds
+    w = Workload(jaxsmp.models.preset(family, preset), 2048)
+    c = Candidate(1, 1, 1, 1, 4, 2, remat)
+    one = Cluster(generic_node("H100-SXM", gpus=1), 1)
+    gemms, attention = kernel_seconds(w, c, one)
+    with_memory = estimate_time(w, c, one).total
+    monkeypatch.setattr(Workload, "memory_scale", property(lambda _: MemoryScale(0, 0, 0)))
+    assert gemms + attention == pytest.approx(estimate_time(w, c, one).total, rel=1e-9)
+    assert gemms + attention < 0.9 * with_memory
+    assert gemms > attention > 0
+
+
+def test_the_split_is_refused_for_a_pipeline():
+    from jaxsmp.plan.throughput import kernel_seconds
+    with pytest.raises(ValueError, match="pp=1.*pp=2"):
+        kernel_seconds(W, Candidate(1, 64, 1, 2, 1, 8, "full"), P4D)
