@@ -77,3 +77,17 @@ def test_the_traced_steps_are_read_beside_the_planners_split_of_them(bench, rows
     for t in traced:
         assert sum(t.planned[1:]) == pytest.approx(t.planned[0])
         assert min(t.planned) > 0
+
+
+def test_the_memory_model_tried_and_not_adopted_still_applies_as_the_docs_say():
+    """docs/planner.md reruns the stash model with ``git apply``; a refactor of the files
+    it touches must regenerate it (a 3-way apply on the old tree, then ``git diff``)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    done = subprocess.run(["git", "apply", "--check", "bench/plan_stash_model.patch"],
+                          cwd=root, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
