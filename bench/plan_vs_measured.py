@@ -13,18 +13,23 @@ that offload's host-link rate (``hardware.PCIE_GEN5``) was derived from its row.
 ``--trace`` prints the traced steps instead (the check's kernels section): each row's
 seconds in GEMMs, in attention and in the rest (memory-bound kernels, copies, gaps),
 against the planner's split of its step (:func:`jaxsmp.plan.throughput.kernel_seconds`).
+``--layers`` prints a layer's memory-bound work per remat policy in the traced GPT-NeoX
+row's step (1.3b, 8 x 2048 tokens, one H100): compiled (XLA:GPU deviceless at 4 and 8
+layers, the growth per layer) against the planner's (about a minute a policy).
 
-    python bench/plan_vs_measured.py [--trace]
+    python bench/plan_vs_measured.py [--trace | --layers]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")   # --layers compiles for a GPU deviceless
 
 from bench.gpucheck.planner import one_gpu, planner_gpu, priced, rows
 from jaxsmp.plan import Candidate, Cluster, Workload, generic_node
@@ -105,11 +110,34 @@ def traced_rows(results: Path = RESULTS, fitted: Fitted = FITTED) -> list[Traced
     return out
 
 
+def layer_memory(remat: str) -> tuple[float, float]:
+    """(compiled, planned) memory-bound seconds a layer of GPT-NeoX 1.3b adds to a step
+    of 8 x 2048 tokens on one H100 with ``remat``."""
+    import jaxsmp
+    from jaxsmp.plan.calibrate import DEPTHS, compiled_memory
+    from jaxsmp.plan.throughput import memory_bound
+    config = jaxsmp.models.preset("gpt_neox", "1.3b")
+    c = Candidate(1, 1, 1, 1, 8, 1, remat)
+    low, high = (compiled_memory(config, c, "H100-SXM", d) for d in DEPTHS)
+    w = Workload(config, 2048)
+    activations, weights, _ = memory_bound(w, c, Cluster(generic_node("H100-SXM", gpus=1), 1))
+    planned = (activations * w.memory_scale.layer + weights * w.memory_scale.weights) / w.layers
+    return (high - low) / (DEPTHS[1] - DEPTHS[0]), planned
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", action="store_true",
                         help="the traced steps' GEMMs, attention and rest against the plan")
-    if parser.parse_args(argv).trace:
+    parser.add_argument("--layers", action="store_true",
+                        help="a layer's memory-bound work per remat policy, compiled and planned")
+    args = parser.parse_args(argv)
+    if args.layers:
+        print("| remat | compiled ms a layer | planned ms a layer |\n|---|---|---|")
+        for remat in ("none", "full", "save_matmuls"):
+            compiled, planned = layer_memory(remat)
+            print(f"| {remat} | {compiled * 1e3:.2f} | {planned * 1e3:.2f} |", flush=True)
+    elif args.trace:
         print("| row | GPU | step: traced, planned | GEMMs | attention | the rest |")
         print("|---|---|---|---|---|---|")
         for t in traced_rows():

@@ -49,14 +49,27 @@ FLOOR = (0.0, 0.0, 1.0)
 FP8_SHAPES = [("gpt_neox", "1.3b", 1), ("gpt_neox", "1.3b", 4), ("llama", "7b", 1)]
 
 
+def compiled_memory(config, candidate, gpu: str, depth: int) -> float:
+    """Memory-bound seconds (launches included) of one step of ``candidate`` with
+    ``depth`` layers of ``config``, compiled for ``gpu`` deviceless and priced by
+    :mod:`jaxsmp.plan.compiled_time`."""
+    from jaxsmp.plan import Cluster, generic_node
+    from jaxsmp.plan.compiled import compile_candidate, layer_field
+    from jaxsmp.plan.compiled_time import compiled_time
+    from jaxsmp.plan.gpu_preflight import _topology
+    target = Cluster(generic_node(gpu, gpus=candidate.world), 1)
+    config = config.replace(**{layer_field(config): depth})
+    compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, candidate.world))
+    kernels = compiled_time(compiled, target.node.gpu, candidate.precision, target).kernels
+    return kernels.memory + kernels.launch
+
+
 def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     """(compiled memory-bound s, analytic activation, weight, outside s) per compile."""
     import jaxsmp
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
-    from jaxsmp.plan.compiled import compile_candidate, layer_field
-    from jaxsmp.plan.compiled_time import compiled_time
-    from jaxsmp.plan.gpu_preflight import _topology
+    from jaxsmp.plan.compiled import layer_field
     from jaxsmp.plan.throughput import memory_bound
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
@@ -65,11 +78,10 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
         candidate = Candidate(1, 8, 1, 1, mbs, BATCH // 8 // mbs, "full")
         for depth in DEPTHS:
             config = jaxsmp.models.preset(family, name, **overrides)
+            seconds = compiled_memory(config, candidate, gpu, depth)
             config = config.replace(**{layer_field(config): depth})
-            compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
-            kernels = compiled_time(compiled, target.node.gpu, "bf16", target).kernels
             parts = memory_bound(Workload(config, SEQ), candidate, target)
-            rows.append((kernels.memory + kernels.launch, *parts))
+            rows.append((seconds, *parts))
             print(f"  {family} {name} x{depth} mbs {mbs}: compiled {rows[-1][0]:.4f} s; "
                   f"analytic activations {parts[0]:.4f} s, weights {parts[1]:.4f} s, "
                   f"outside {parts[2]:.4f} s", flush=True)
@@ -81,9 +93,7 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     import jaxsmp
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
-    from jaxsmp.plan.compiled import compile_candidate, layer_field
-    from jaxsmp.plan.compiled_time import compiled_time
-    from jaxsmp.plan.gpu_preflight import _topology
+    from jaxsmp.plan.compiled import layer_field
     from jaxsmp.plan.throughput import fp8_quantise
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
@@ -92,16 +102,12 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
         extra = {}
         for depth in DEPTHS:
             config = jaxsmp.models.preset(family, name)
-            config = config.replace(**{layer_field(config): depth})
-            seconds = {}
-            for precision in ("bf16", "fp8"):
-                # both reduce in float32, fp8's default: the difference is fp8's own
-                candidate = Candidate(1, 8, 1, 1, mbs, 1, "none", precision,
-                                      reduce_dtype="fp32")
-                compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, 8))
-                k = compiled_time(compiled, target.node.gpu, precision, target).kernels
-                seconds[precision] = k.memory + k.launch
+            # both reduce in float32, fp8's default: the difference is fp8's own
+            seconds = {p: compiled_memory(config, Candidate(1, 8, 1, 1, mbs, 1, "none", p,
+                                                            reduce_dtype="fp32"), gpu, depth)
+                       for p in ("bf16", "fp8")}
             fp8 = Candidate(1, 8, 1, 1, mbs, 1, "none", "fp8")
+            config = config.replace(**{layer_field(config): depth})
             analytic = fp8_quantise(Workload(config, SEQ), fp8, target)
             extra[depth] = (seconds["fp8"] - seconds["bf16"], analytic)
         layers = DEPTHS[1] - DEPTHS[0]
