@@ -43,17 +43,19 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 27.0%; 3 of 86 rows beyond 20%, each the odd row of its own "
-    "series: MPT-760m on 8 H100 (+27%: 8% slower than its 16-GPU row), MPT-70b on 64 "
-    "A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row), "
-    "MPT-1b on 32 A100-40GB (+24%: 18% slower per GPU than its 16- and 64-GPU rows)"))
+    "largest held-out error 27.0%; 6 of 91 rows beyond 20%. Three are the odd row of "
+    "their own series: MPT-760m on 8 H100 (+27%: 8% slower than its 16-GPU row), MPT-70b "
+    "on 64 A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU "
+    "row), MPT-1b on 32 A100-40GB (+24%: 18% slower per GPU than its 16- and 64-GPU "
+    "rows). Three are MPT-125m on 32 to 128 A100-40GB (+22% to +25%; its whole series "
+    "+15% to +25%: the smallest model, width 768, slower than the model prices it)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "2 of 22 series, where the microbatch grows along the series: MPT-70b A100-40GB "
+    "2 of 23 series, where the microbatch grows along the series: MPT-70b A100-40GB "
     "(64 -> 128 GPUs, microbatch 2 -> 4) +36% against +4%, MPT-13b A100-40GB (8 -> 128, "
     "4 -> 16) +18% against +2%"))
 def test_every_series_trend_is_within_10_points_of_the_published_one(result):
@@ -62,7 +64,7 @@ def test_every_series_trend_is_within_10_points_of_the_published_one(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "4 of 22 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
+    "4 of 23 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
     "8 nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
     "+0.1% and +0.2%; MPT-13b H100 (1 -> 8; its four rows within 1% of each other) gains "
     "0.2% where it predicts -0.5%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) "
@@ -81,7 +83,8 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 4
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.275
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 3
+    # 6 (was 3) since MPT-125m's A100-40GB series was added: three of its five rows
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 6
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
@@ -126,7 +129,7 @@ def test_each_published_run_reduces_gradients_in_the_dtype_its_run_did(bench):
     reduced = {r.name: r.candidate.reduced for r in runs if r.candidate}
     pure = {n for n in reduced if n.startswith("MPT") and (
         " a100_40 " in n or n.startswith("MPT-70b a100_80 "))}
-    assert len(pure) == 36
+    assert len(pure) == 41
     for name, dtype in reduced.items():
         if name.startswith("MPT"):
             assert dtype == ("bf16" if name in pure else "fp32"), name
