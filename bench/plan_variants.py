@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -67,27 +66,24 @@ def _memory(k: float):
         lambda w: MemoryScale(*(k * v for v in vars(memory_scale(w.family)).values()))))
 
 
-# runs whose elementwise work a compiler fuses: MaxText's (XLA) and torchtitan's
-# torch.compile rows of Llama 3.1 8B
-COMPILED = ("MaxText", "torchtitan Llama-3.1")
 
 
 def _torch_memory(k: float):
     base = pvp.predicted
 
-    def predicted(run, fitted=pvp.FITTED):
-        if run.name.startswith(COMPILED):
-            return base(run, fitted)
+    def predicted(run, fitted=pvp.FITTED, eager=pvp.EAGER):
+        if run.compiled:
+            return base(run, fitted, eager)
         with _memory(k):
-            return base(run, fitted)
+            return base(run, fitted, eager)
     return mock.patch.object(pvp, "predicted", predicted)
 
 
 def _stragglers(k: float):
     base = pvp.predicted
 
-    def predicted(run, fitted=pvp.FITTED):
-        tokens, label = base(run, fitted)
+    def predicted(run, fitted=pvp.FITTED, eager=pvp.EAGER):
+        tokens, label = base(run, fitted, eager)
         world = pvp._cluster(run.node, run.nodes).world
         return tokens / (1 + k * math.sqrt(2 * math.log(world))), label
     return mock.patch.object(pvp, "predicted", predicted)
@@ -108,15 +104,15 @@ def score(variant: str, k: float) -> str:
     """One table row: the variant at scale ``k``, refitted and scored."""
     fit_rows = [r for r in pvp.RUNS if r.name in pvp.FIT]
     with VARIANTS[variant][0](k):
-        fitted = pvp.fit(fit_rows)
-        loss = statistics.fmean(abs(pvp.error(r, fitted)) for r in fit_rows)
-        s = pvp.summary(fitted, choice=False)
+        fitted, eager = pvp.fit(fit_rows)
+        loss = pvp.fit_loss(fit_rows, fitted, eager)
+        s = pvp.summary(fitted, choice=False, eager=eager)
     signs = sum((p > 0) == (q > 0) for p, q, _ in s["series"].values())
     within = sum(abs(p - q) <= 0.10 for p, q, _ in s["series"].values())
     beyond = sum(abs(e) > 0.20 for e in s["held_out"].values())
     with VARIANTS[variant][0](k):
         jaxsmp = max(abs(pvm.error(r, fitted)) for r in _measured())
-    return (f"| {variant} | {k} | {fitted} | {loss:.2%} | {s['median']:.1%} | "
+    return (f"| {variant} | {k} | {eager}, {fitted.overlap} | {loss:.2%} | {s['median']:.1%} | "
             f"{s['worst']:.1%} | {beyond} | {signs} | {within} | {jaxsmp:.1%} |")
 
 
@@ -134,7 +130,7 @@ def main() -> None:
     args = p.parse_args()
     if unknown := set(args.variants) - set(VARIANTS):
         p.error(f"unknown variant(s) {sorted(unknown)}; valid: {', '.join(VARIANTS)}")
-    print("| variant | k | fitted | fit rows' mean error | median held out | largest held out"
+    print("| variant | k | fitted eager, overlap | fit rows' mean error | median held out | largest held out"
           " | held out beyond 20% | trends of the published sign | trends within 10 points"
           " | jaxsmp measured: largest error |")
     print("|---|---|---|---|---|---|---|---|---|---|")

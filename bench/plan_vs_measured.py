@@ -13,11 +13,14 @@ that offload's host-link rate (``hardware.PCIE_GEN5``) was derived from its row.
 ``--trace`` prints the traced steps instead (the check's kernels section): each row's
 seconds in GEMMs, in attention and in the rest (memory-bound kernels, copies, gaps),
 against the planner's split of its step (:func:`jaxsmp.plan.throughput.kernel_seconds`).
+``--rates`` derives the planner's ``matmul`` and ``attention`` constants from them:
+per traced row, the planner's GEMM and attention seconds at 1 over the traced ones,
+and the slowest row's (``jaxsmp.plan.calibration.FITTED``).
 ``--layers`` prints a layer's memory-bound work per remat policy in the traced GPT-NeoX
 row's step (1.3b, 8 x 2048 tokens, one H100): compiled (XLA:GPU deviceless at 4 and 8
 layers, the growth per layer) against the planner's (about a minute a policy).
 
-    python bench/plan_vs_measured.py [--trace | --layers]
+    python bench/plan_vs_measured.py [--trace | --rates | --layers]
 """
 from __future__ import annotations
 
@@ -115,24 +118,41 @@ def layer_memory(remat: str) -> tuple[float, float]:
     of 8 x 2048 tokens on one H100 with ``remat``."""
     import jaxsmp
     from jaxsmp.plan.calibrate import DEPTHS, compiled_memory
-    from jaxsmp.plan.throughput import memory_bound
+    from jaxsmp.plan.throughput import memory_bound, stash_seconds
     config = jaxsmp.models.preset("gpt_neox", "1.3b")
     c = Candidate(1, 1, 1, 1, 8, 1, remat)
     low, high = (compiled_memory(config, c, "H100-SXM", d) for d in DEPTHS)
-    w = Workload(config, 2048)
-    activations, weights, _ = memory_bound(w, c, Cluster(generic_node("H100-SXM", gpus=1), 1))
-    planned = (activations * w.memory_scale.layer + weights * w.memory_scale.weights) / w.layers
+    w, one = Workload(config, 2048), Cluster(generic_node("H100-SXM", gpus=1), 1)
+    activations, weights, _ = memory_bound(w, c, one)
+    planned = (activations * w.memory_scale.layer + weights * w.memory_scale.weights
+               + stash_seconds(w, c, one)) / w.layers
     return (high - low) / (DEPTHS[1] - DEPTHS[0]), planned
+
+
+def traced_rates(results: Path = RESULTS) -> list[tuple[str, float, float]]:
+    """(row, GEMM constant, attention constant) per traced step: the planner's seconds
+    with both constants at 1 over the traced seconds."""
+    rows = traced_rows(results, Fitted(1.0, 1.0, FITTED.overlap))
+    return [(t.label, t.planned[1] / t.traced[1], t.planned[2] / t.traced[2]) for t in rows]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", action="store_true",
                         help="the traced steps' GEMMs, attention and rest against the plan")
+    parser.add_argument("--rates", action="store_true",
+                        help="the matmul and attention constants the traced steps give")
     parser.add_argument("--layers", action="store_true",
                         help="a layer's memory-bound work per remat policy, compiled and planned")
     args = parser.parse_args(argv)
-    if args.layers:
+    if args.rates:
+        rates = traced_rates()
+        print("| traced row | matmul | attention |\n|---|---|---|")
+        for label, gemm, attention in rates:
+            print(f"| {label} | {gemm:.3f} | {attention:.3f} |")
+        print(f"| the slowest | {min(r[1] for r in rates):.3f} "
+              f"| {min(r[2] for r in rates):.3f} |")
+    elif args.layers:
         print("| remat | compiled ms a layer | planned ms a layer |\n|---|---|---|")
         for remat in ("none", "full", "save_matmuls"):
             compiled, planned = layer_memory(remat)

@@ -41,6 +41,10 @@ class Run:
     # checkpoint reruns the wrapped block whole; it stops early only from 2.1); MaxText
     # (XLA) and torchtitan (PyTorch 2.4+) run only what the backward reads
     whole_forward: bool = False
+    # the run's step was compiled, its elementwise work fused between the GEMMs, as
+    # jaxsmp's is: MaxText (XLA) and torchtitan's torch.compile rows; else eager PyTorch
+    # or Megatron, priced at plan_vs_published.EAGER of the compiled step's throughput
+    compiled: bool = False
 
 
 def _mpt(d: int, layers: int, heads: int) -> GPTNeoXConfig:
@@ -152,11 +156,12 @@ RUNS = [
     Run("MaxText Llama-2-70B", LLAMA70, "8xH100-SXM+3200Gbps", 8, 4096,
         Candidate(1, 64, 1, 1, 2, 1, "save_qkv"), 1035.97,
         f"{MAXTEXT}maxtext-llama2-70b-dgxc-benchmarking-c: 64 H100, FSDP=64, GBS 128, "
-        f"bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn"),
+        f"bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn", compiled=True),
     Run("MaxText Llama-3-70B x128", llama3("70b"), "8xH100-SXM+3200Gbps", 16, 8192,
         Candidate(1, 128, 1, 1, 2, 1, "save_qkv"), 1052.27,
         f"{MAXTEXT}maxtext-llama3-70b-dgxc-benchmarking-d: 128 H100, FSDP=128, per-device "
-        f"batch 2, bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn"),
+        f"batch 2, bf16; remat_policy save_qkv_proj ({DGXC_REMAT})", attention="cudnn",
+        compiled=True),
 ]
 for size, hours in (("7b", 184_320), ("13b", 368_640), ("70b", 1_720_320)):
     RUNS.append(Run(f"Llama-2-{size.upper()} (GPU hours)", jaxsmp.models.preset("llama", size),
@@ -194,7 +199,8 @@ def scaling_series() -> dict[str, list[Run]]:
             title, config, kernel, reduce = LLAMAS[model]
             run = Run(f"{title} x{gpus}", config, GPU_NODE[gpu], gpus // 8, seq,
                       Candidate(gpus // sdp, sdp, 1, 1, mbs, accum, REMAT[ac],
-                                reduce_dtype=reduce), float(tokens), source, attention=kernel)
+                                reduce_dtype=reduce), float(tokens), source, attention=kernel,
+                      compiled=True)   # MaxText's XLA, torchtitan's torch.compile rows
         else:
             assert sdp == gpus, f"{name}: llm-foundry's FSDP shards over every GPU"
             run = replace(mpt(model, gpu, gpus, seq, mbs, accum, ac == "1", float(tokens)),

@@ -12,8 +12,9 @@ COLUMNS = [("source", "row", ""), ("model", "model", ""), ("seq", "seq", ""),
            ("gpu", "planned GPU", ""), ("predicted_s", "predicted s", ".4g"),
            ("measured_s", "measured s", ".4g"), ("ratio", "predicted / measured", ".2f"),
            ("predicted_gib", "predicted GiB", ".2f"), ("measured_gib", "peak GiB", ".2f")]
-NOTES = """The planner's constants were fitted to published multi-GPU runs, not to jaxsmp
-(`jaxsmp/plan/__init__.py`); a row here checks them on jaxsmp's own step. Stored in
+NOTES = """The planner's GEMM and attention rates come from one H100's trace of jaxsmp's
+step, its overlap from published multi-GPU runs (`jaxsmp/plan/calibration.py`); a row
+here checks them on jaxsmp's own step (on another GPU kind, independently). Stored in
 `bench/results/`, the run's JSON joins `python bench/plan_vs_measured.py`, and its rows
 (offload aside) `tests/jaxsmp/test_plan_measured.py`'s 10% bound. Its memory is
 the model's per-device peak against `peak_bytes_in_use`."""

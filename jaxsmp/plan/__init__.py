@@ -79,10 +79,14 @@ gather and compute whole layers).
 
 Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
 memory-bound work, backward = 2 x matmuls + 2.5 (Pallas: 3.5) x attention + 3 x the forward's
-memory-bound work + the gathered weights' traffic; recomputation adds a forward
-(``full``) or attention and memory-bound work (``save_matmuls``, ``offload``), and
-jaxsmp's 1F1B recomputes each stage. Matmuls run at the achievable fraction above times
-a fitted constant, attention at its rate times another; memory-bound work (activation
+memory-bound work + the gathered weights' traffic; the residuals a remat policy keeps are
+copied into the layer loop's stacked buffers (two passes over them, ``STASH_PASSES``);
+recomputation adds the GEMMs the backward reads and attention (XLA fuses recomputed
+elementwise work into the backward's kernels; an eager whole forward,
+``Semantics.whole_forward``, runs it again), and jaxsmp's 1F1B recomputes each stage.
+Matmuls run at the achievable fraction above times ``matmul``, attention at its kernel's
+rate times ``attention``, both measured on jaxsmp's own step traced on one H100 (the
+slowest of six rows); memory-bound work (activation
 traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter) moves at
 85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
 program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
@@ -100,9 +104,10 @@ H100), and the first gather and last reduce-scatter of each microbatch have noth
 hide behind; else they add.
 Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
 and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
-gradient shards per step (in ``reduce_dtype``). The
-three fitted constants come from ``bench/plan_vs_published.py --fit`` on the 8 runs it
-names (``FIT``: every third of its first list); it reports the error on the 86 others,
+gradient shards per step (in ``reduce_dtype``). ``overlap`` is fitted by
+``bench/plan_vs_published.py --fit`` on the 8 runs it names (``FIT``: every third of its
+first list), with the one constant that bench adds for the published eager stacks
+(their throughput against a compiled step's); it reports the error on the 91 others,
 scaling series over node counts included (docs/planner.md, "How accurate it is"). Model TFLOP/s use
 :func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
 divides by the data-sheet peak.
@@ -110,9 +115,7 @@ divides by the data-sheet peak.
 What it leaves out: kernel launches in the analytic model (the compiled estimate has
 them; small models are launch-bound), contention between overlapped collectives and
 compute beyond the SMs NCCL holds (HBM bandwidth, a GEMM's last wave), stragglers, data
-loading. No GPU measurement of jaxsmp itself exists yet: the fitted constants describe
-the published frameworks' runs, and a jaxsmp measurement should become the first
-calibration point.
+loading.
 """
 from __future__ import annotations
 

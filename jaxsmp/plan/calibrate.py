@@ -33,10 +33,12 @@ import numpy as np
 # family: (preset, overrides, microbatch size) of the shapes compiled, each with 16
 # sequences of 2048 tokens on sdp=8, remat full
 SHAPES = {
-    "gpt_neox": [("1.3b", {}, 1), ("6.9b", {}, 1), ("6.9b", {}, 2)],
-    "bloom": [("1b7", {}, 1), ("7b1", {}, 1), ("7b1", {}, 2)],
-    "llama": [("7b", {}, 1), ("13b", {"num_key_value_heads": 8}, 1),
-              ("13b", {"num_key_value_heads": 8}, 2)],
+    "gpt_neox": [("1.3b", {}, 1, "full"), ("6.9b", {}, 1, "full"), ("6.9b", {}, 2, "full"),
+                 ("1.3b", {}, 4, "none")],
+    "bloom": [("1b7", {}, 1, "full"), ("7b1", {}, 1, "full"), ("7b1", {}, 2, "full"),
+              ("1b7", {}, 4, "none")],
+    "llama": [("7b", {}, 1, "full"), ("13b", {"num_key_value_heads": 8}, 1, "full"),
+              ("13b", {"num_key_value_heads": 8}, 2, "full"), ("7b", {}, 4, "none")],
 }
 DEPTHS = (4, 8)   # XLA unrolls the shortest scans, which changes the fusions
 SEQ, BATCH = 2048, 16
@@ -70,18 +72,19 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
     from jaxsmp.plan.compiled import layer_field
-    from jaxsmp.plan.throughput import memory_bound
+    from jaxsmp.plan.throughput import memory_bound, stash_seconds
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
     rows = []
-    for name, overrides, mbs in SHAPES[family]:
-        candidate = Candidate(1, 8, 1, 1, mbs, BATCH // 8 // mbs, "full")
+    for name, overrides, mbs, remat in SHAPES[family]:
+        candidate = Candidate(1, 8, 1, 1, mbs, max(1, BATCH // 8 // mbs), remat)
         for depth in DEPTHS:
             config = jaxsmp.models.preset(family, name, **overrides)
             seconds = compiled_memory(config, candidate, gpu, depth)
             config = config.replace(**{layer_field(config): depth})
-            parts = memory_bound(Workload(config, SEQ), candidate, target)
-            rows.append((seconds, *parts))
+            w = Workload(config, SEQ)
+            parts = memory_bound(w, candidate, target)
+            rows.append((seconds - stash_seconds(w, candidate, target), *parts))
             print(f"  {family} {name} x{depth} mbs {mbs}: compiled {rows[-1][0]:.4f} s; "
                   f"analytic activations {parts[0]:.4f} s, weights {parts[1]:.4f} s, "
                   f"outside {parts[2]:.4f} s", flush=True)

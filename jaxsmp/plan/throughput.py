@@ -30,8 +30,12 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload, backward_ratio
 
 # Memory-bound work per layer: the forward writes the layer's activations once, the
-# backward reads them and writes and reads their gradients (4 passes; 5 with recompute).
+# backward reads them and writes and reads their gradients (4 passes, whatever the remat
+# policy: recomputed elementwise work fuses into the backward's kernels, traced on an
+# H100); besides, the residuals a policy keeps are copied into the layer loop's stacked
+# buffers (read and written: STASH_PASSES of the bytes kept, unscaled)
 ELEMENTWISE_PASSES = 4
+STASH_PASSES = 2
 ADAMW_BYTES_PER_PARAM = 32   # read params, grads, mu, nu; write params, mu, nu (float32)
 # each further microbatch adds its gradient to the float32 total: read both, write one
 ACCUMULATE_BYTES_PER_PARAM = 12
@@ -106,13 +110,15 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     kernel = w.attention_kernel_at(c.precision)
     elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
     weights = _weights(w, c, cluster, split) * w.memory_scale.weights
-    forward = matmul + attention + elementwise
+    forward = matmul + attention + elementwise + _stash(w, c, cluster, split)
     backward = (2 * matmul + backward_ratio(kernel) * attention
                 + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
     # the GEMMs the policy runs again (never the projections only the residual sum reads,
-    # nor what it saves: jaxsmp.plan.recompute), attention and the memory-bound work
+    # nor what it saves: jaxsmp.plan.recompute) and attention; a stack that reruns the
+    # whole forward eagerly (Semantics.whole_forward) runs its elementwise kernels again
     recompute = 0.0 if c.remat == "none" else (
-        matmul * semantics.recomputed_share(w, c.remat) + attention + elementwise)
+        matmul * semantics.recomputed_share(w, c.remat) + attention
+        + elementwise * semantics.whole_forward)
     if c.pp > 1 and c.schedule == "interleaved":
         recompute += forward        # 1F1B's backward recomputes its stage
     shards, zero = w.shards(c.mesh_shape), c.sdp * c.cp    # ZeRO-3 over sdp x cp
@@ -233,6 +239,19 @@ def _elementwise(w: Workload, c: Candidate, cluster: Cluster, split: int) -> flo
     return moved / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
 
 
+def _stash(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
+    """Seconds of copying what the remat policy keeps on the device into the layer loop's
+    stacked buffers (one microbatch)."""
+    tokens = c.microbatch_size * w.seq_len // c.cp
+    kept = w.activations(c.remat, c.precision).per_device(split, c.sequence_parallel)
+    return STASH_PASSES * kept * tokens / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
+
+
+def stash_seconds(w: Workload, c: Candidate, cluster: Cluster) -> float:
+    """One step's residual copies on one device, pp = 1 (what calibrate leaves out)."""
+    return c.microbatches * w.layers * _stash(w, c, cluster, c.tp)
+
+
 def _weights(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
     """Unscaled seconds of moving one layer's gathered weights once in float32 (the
     compiled step copies, transposes and converts them and their gradients per
@@ -264,9 +283,8 @@ def memory_bound(w: Workload, c: Candidate,
     layers' activation traffic, their weight traffic, the head's logits and the
     optimizer), the three parts :mod:`jaxsmp.plan.calibrate` scales to the compiled
     program."""
-    passes = ELEMENTWISE_PASSES + (c.remat != "none")
     per_layer = c.microbatches * w.layers
-    return (per_layer * passes * _elementwise(w, c, cluster, c.tp),
+    return (per_layer * ELEMENTWISE_PASSES * _elementwise(w, c, cluster, c.tp),
             per_layer * _weights(w, c, cluster, c.tp),
             c.microbatches * _head_memory(w, c, cluster) + _optimizer(w, c, cluster))
 
@@ -280,7 +298,7 @@ def _bubble(c: Candidate) -> float:
 def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
                   semantics: Semantics = TARGET, fitted: Fitted = FITTED) -> StepTime:
     """Step time of ``c`` on ``cluster`` (its ``world`` must equal the candidate's);
-    ``fitted``: the constants fitted to published runs (:mod:`jaxsmp.plan.calibration`)."""
+    ``fitted``: the kernel-rate and overlap constants (:mod:`jaxsmp.plan.calibration`)."""
     if c.world != cluster.world:
         raise ValueError(f"candidate {c.label()} uses {c.world} devices; the cluster has "
                          f"{cluster.world}")

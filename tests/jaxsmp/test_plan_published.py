@@ -43,12 +43,10 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 27.0%; 6 of 91 rows beyond 20%. Three are the odd row of "
-    "their own series: MPT-760m on 8 H100 (+27%: 8% slower than its 16-GPU row), MPT-70b "
-    "on 64 A100-40GB (+27%: microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU "
-    "row), MPT-1b on 32 A100-40GB (+24%: 18% slower per GPU than its 16- and 64-GPU "
-    "rows). Three are MPT-125m on 32 to 128 A100-40GB (+22% to +25%; its whole series "
-    "+15% to +25%: the smallest model, width 768, slower than the model prices it)"))
+    "largest held-out error 26.9%, the only row of 91 beyond 20%: MPT-70b on 64 "
+    "A100-40GB (microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row; the "
+    "same model and microbatch on 32 A100-80GB over the same network ran 373 tokens/s "
+    "per GPU against its 276)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
@@ -67,7 +65,7 @@ def test_every_series_trend_is_within_10_points_of_the_published_one(result):
     "4 of 23 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
     "8 nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
     "+0.1% and +0.2%; MPT-13b H100 (1 -> 8; its four rows within 1% of each other) gains "
-    "0.2% where it predicts -0.5%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) "
+    "0.2% where it predicts -0.6%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) "
     "where it predicts -0.4%"))
 def test_every_series_trend_has_the_published_sign(result):
     assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
@@ -83,8 +81,10 @@ def test_what_holds_today_does_not_get_worse(result):
     assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 4
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.275
-    # 6 (was 3) since MPT-125m's A100-40GB series was added: three of its five rows
-    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 6
+    # 1 since the kernels are priced at jaxsmp's traced rates and the eager stacks at
+    # EAGER of that (6 before, with MPT-125m's series)
+    assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 1
+    assert sum(abs(e) > 0.10 for e in result["held_out"].values()) <= 13
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):
