@@ -33,7 +33,6 @@ planner's. Seconds per row on 2 cores.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_vs_measured as pvm
 import plan_vs_published as pvp
 
-from jaxsmp.plan import workload
+from jaxsmp.plan import throughput, workload
 from jaxsmp.plan.calibration import MemoryScale, memory_scale
 from jaxsmp.plan.hardware import Cluster
 
@@ -80,13 +79,8 @@ def _torch_memory(k: float):
 
 
 def _stragglers(k: float):
-    base = pvp.predicted
-
-    def predicted(run, fitted=pvp.FITTED, eager=pvp.EAGER):
-        tokens, label = base(run, fitted, eager)
-        world = pvp._cluster(run.node, run.nodes).world
-        return tokens / (1 + k * math.sqrt(2 * math.log(world))), label
-    return mock.patch.object(pvp, "predicted", predicted)
+    """The planner's straggler term (``calibration.STRAGGLER_SPREAD``) at ``k``."""
+    return mock.patch.object(throughput, "STRAGGLER_SPREAD", k)
 
 
 VARIANTS = {

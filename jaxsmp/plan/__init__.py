@@ -102,7 +102,8 @@ fitted share (``overlap``) of the compute beside them, which meanwhile runs with
 SMs NCCL's kernels hold (``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on
 H100), and the first gather and last reduce-scatter of each microbatch have nothing to
 hide behind; else they add.
-Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
+A step on N GPUs waits for the slowest, ``1 + STRAGGLER_SPREAD sqrt(2 ln N)`` times the
+rest (GPU speeds spread 1.5%: Sinha et al., SC22). Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
 and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
 gradient shards per step (in ``reduce_dtype``). ``overlap`` is fitted by
 ``bench/plan_vs_published.py --fit`` on the 8 runs it names (``FIT``: every third of its
@@ -114,8 +115,7 @@ divides by the data-sheet peak.
 
 What it leaves out: kernel launches in the analytic model (the compiled estimate has
 them; small models are launch-bound), contention between overlapped collectives and
-compute beyond the SMs NCCL holds (HBM bandwidth, a GEMM's last wave), stragglers, data
-loading.
+compute beyond the SMs NCCL holds (HBM bandwidth, a GEMM's last wave), data loading.
 """
 from __future__ import annotations
 

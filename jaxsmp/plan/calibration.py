@@ -23,7 +23,8 @@ Three kinds, from three scripts:
   the planner plans jaxsmp's compiled step and never uses it.)
 
 Fixed: HBM traffic reaches :data:`HBM_EFFICIENCY` of the data sheet (device-to-device
-copy benchmarks reach 85-90% on A100 and H100), every collective call pays
+copy benchmarks reach 85-90% on A100 and H100), a step waits for the slowest of its GPUs
+(:data:`STRAGGLER_SPREAD`), every collective call pays
 :data:`COLLECTIVE_LAUNCH` beyond the cost model's per-message alpha terms, and a hidden
 collective holds the share of the SMs NCCL's kernels take (``GPU.collective_sm_share``,
 sourced in :mod:`jaxsmp.plan.hardware`) from the compute beside it.
@@ -33,6 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HBM_EFFICIENCY = 0.85
+# GPUs of one SKU run at speeds spread normally with this coefficient of variation, and a
+# synchronous step waits for the slowest of its N, about sqrt(2 ln N) sigma above the
+# mean: Sinha et al., "Not All GPUs Are Created Equal" (SC22) measured 8% between the
+# fastest and the slowest GPU of a cluster (outliers excluded) over five clusters, read
+# as a normal distribution's box-plot whiskers (5.4 sigma)
+STRAGGLER_SPREAD = 0.015
 # FlashAttention's backward runs 5 matmuls of the forward's 2 (Dao 2023).
 ATTENTION_BACKWARD = 2.5
 COLLECTIVE_LAUNCH = 10e-6   # NCCL kernel launch and group synchronisation per call
@@ -74,7 +81,9 @@ FITTED = Fitted(matmul=0.9, attention=0.71, overlap=1.0)
 # and k and what XLA's CSE merges, which moved their analytic activation traffic; all
 # three again 2026-11-27 after the norms stopped keeping their float32 intermediates,
 # jaxsmp.nn.norm, which cut both the compiled and the analytic activation traffic; all
-# three again 2026-11-27 after the loss stopped keeping float32 logits, jaxsmp.losses)
+# three again 2026-11-27 after the loss stopped keeping float32 logits, jaxsmp.losses;
+# all three 2026-11-28 with the residual copies priced apart and a fourth shape per
+# family, remat none, reproduced by a rerun the same day)
 MEMORY_SCALE: dict[str, MemoryScale] = {
     "gpt_neox": MemoryScale(1.804, 1.966, 1.032),
     "bloom": MemoryScale(1.082, 0.648, 1.655),

@@ -40,7 +40,8 @@ def _shares(p: Plan) -> str:
              "compute lost to hidden collectives": t.contention, "tp all-reduces": t.tp,
              "pipeline sends": t.pp, "pipeline bubble": t.bubble, "dp all-reduce": t.dp,
              "optimizer": t.optimizer, "offload transfers": t.offload,
-             "cp attention transfers": t.cp, "ep all-to-alls": t.ep}
+             "cp attention transfers": t.cp, "ep all-to-alls": t.ep,
+             "waiting for the slowest GPU": t.stragglers}
     shown = [f"{name} {value / t.total:.0%}" for name, value in parts.items()
              if value / t.total >= 0.005]
     return ", ".join(shown)

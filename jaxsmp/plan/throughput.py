@@ -12,13 +12,20 @@ See :mod:`jaxsmp.plan` for the assumptions and their sources.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
 from jaxsmp.plan import moe
 from jaxsmp.plan.activation_gather import planned
-from jaxsmp.plan.calibration import FITTED, FP8_QUANTISE_BYTES, HBM_EFFICIENCY, Fitted
+from jaxsmp.plan.calibration import (
+    FITTED,
+    FP8_QUANTISE_BYTES,
+    HBM_EFFICIENCY,
+    STRAGGLER_SPREAD,
+    Fitted,
+)
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics, schedule_report
 from jaxsmp.plan.comm import (
     all_reduce_seconds,
@@ -58,6 +65,7 @@ class StepTime:
     offload: float       # host transfers not hidden behind compute
     ep: float = 0.0      # a mixture of experts' all-to-alls over ep (exposed)
     contention: float = 0.0  # compute slowed by the SMs hidden sdp collectives hold
+    stragglers: float = 0.0  # waiting for the slowest of the cluster's GPUs
     stages: tuple[int, ...] = ()  # layers per (virtual) pipeline stage, as the step splits
     spread_head: bool = False     # 1F1B runs the head on every stage (pipeline_head)
 
@@ -327,7 +335,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
     bubble = (pipeline + m * sends) * _bubble(c)
     if c.pp > 1 and c.schedule == "interleaved":  # the head runs in the last stage's ticks
         bubble = max(0.0, _lockstep(c, split, layer, per_layer, head, spread) - m * busy)
-    return StepTime(
+    step = StepTime(
         compute=m * layers * compute + m * head * head_here,
         sdp=m * (layers * exposed + edges + top),
         tp=m * layers * layer.tp,
@@ -339,6 +347,13 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         cp=m * layers * layer.cp, ep=m * layers * layer.ep,
         contention=m * (layers * contention - share * edges), stages=split,
         spread_head=spread)
+    return replace(step, stragglers=step.total * straggler_wait(cluster.world))
+
+
+def straggler_wait(world: int) -> float:
+    """The share of a step that ``world`` GPUs wait for their slowest one, the expected
+    maximum of ``world`` normal speeds (:data:`~jaxsmp.plan.calibration.STRAGGLER_SPREAD`)."""
+    return STRAGGLER_SPREAD * math.sqrt(2 * math.log(world)) if world > 1 else 0.0
 
 
 def _replica_reduction(c: Candidate, cluster: Cluster, shards) -> float:

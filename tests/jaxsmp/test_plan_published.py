@@ -43,7 +43,7 @@ def test_the_held_out_median_error_is_within_10_percent(result):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "largest held-out error 26.9%, the only row of 91 beyond 20%: MPT-70b on 64 "
+    "largest held-out error 27.0%, the only row of 91 beyond 20%: MPT-70b on 64 "
     "A100-40GB (microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row; the "
     "same model and microbatch on 32 A100-80GB over the same network ran 373 tokens/s "
     "per GPU against its 276)"))
@@ -55,18 +55,17 @@ def test_the_largest_held_out_error_is_within_20_percent(result):
 @pytest.mark.xfail(strict=True, reason=(
     "2 of 23 series, where the microbatch grows along the series: MPT-70b A100-40GB "
     "(64 -> 128 GPUs, microbatch 2 -> 4) +36% against +4%, MPT-13b A100-40GB (8 -> 128, "
-    "4 -> 16) +18% against +2%"))
+    "4 -> 16) +18% against +1%"))
 def test_every_series_trend_is_within_10_points_of_the_published_one(result):
     assert all(abs(pred - pub) <= 0.10 for pub, pred, _ in result["series"].values())
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
-    "4 of 23 series trends have the other sign, each within 8.1 points: MPT-1b H100 (1 -> "
-    "8 nodes) and MPT-7b A100-40GB (1 -> 16) lose 2.3% and 1.5% where the planner predicts "
-    "+0.1% and +0.2%; MPT-13b H100 (1 -> 8; its four rows within 1% of each other) gains "
-    "0.2% where it predicts -0.6%; MPT-760m H100 gains 7.6% (its 1-node run the slow one) "
-    "where it predicts -0.4%"))
+    "2 of 23 series trends have the other sign, each within 9 points: MPT-13b H100 (1 -> 8 "
+    "nodes; its four rows within 1% of each other) gains 0.2% where the planner predicts "
+    "-1.8%; MPT-760m H100 (1 -> 4) gains 7.6% (its 1-node run the slow one) where it "
+    "predicts -1.3%"))
 def test_every_series_trend_has_the_published_sign(result):
     assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
 
@@ -75,16 +74,15 @@ def test_every_series_trend_has_the_published_sign(result):
 def test_what_holds_today_does_not_get_worse(result):
     """What holds today, so that it does not get worse unnoticed."""
     series = result["series"].values()
-    assert all((pub > 0) == (pred > 0) or abs(pred - pub) < 0.085 for pub, pred, _ in series)
-    # 4 (was 3) since the rows reduce gradients in the dtype their runs did: MPT-13b
-    # H100's flat series (+0.2% published) is predicted at -0.5%
-    assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 4
+    assert all((pub > 0) == (pred > 0) or abs(pred - pub) < 0.09 for pub, pred, _ in series)
+    # 2 (was 4) since a step waits for the slowest of its GPUs (STRAGGLER_SPREAD)
+    assert sum((pub > 0) == (pred > 0) for pub, pred, _ in series) >= len(series) - 2
     assert sum(abs(pred - pub) <= 0.10 for pub, pred, _ in series) >= len(series) - 2
     assert result["worst"] < 0.275
     # 1 since the kernels are priced at jaxsmp's traced rates and the eager stacks at
     # EAGER of that (6 before, with MPT-125m's series)
     assert sum(abs(e) > 0.20 for e in result["held_out"].values()) <= 1
-    assert sum(abs(e) > 0.10 for e in result["held_out"].values()) <= 13
+    assert sum(abs(e) > 0.10 for e in result["held_out"].values()) <= 12
     # the largest scale published: MaxText's ZeRO-3 over 64 to 256 GPUs and replicas of
     # 128 beyond, from 8 to 256 nodes
     for name in ("MaxText Llama-3-70B h100", "MaxText Llama-2-70B h100"):

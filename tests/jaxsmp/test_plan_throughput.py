@@ -1,4 +1,6 @@
 """The step-time model: compute, collectives on the topology, overlap, bubble."""
+import math
+
 import pytest
 
 import jaxsmp
@@ -204,7 +206,9 @@ def test_hidden_collectives_slow_the_compute_beside_them_by_nccls_sm_share():
     free = Cluster(replace(P4D.node, gpu=replace(P4D.node.gpu, collective_sm_share=0.0)), 16)
     step, without = estimate_time(W, c, P4D), estimate_time(W, c, free)
     assert without.contention == 0
-    assert step.total - without.total == pytest.approx(step.contention)
+    # the stragglers' wait scales with the whole step, the contention included
+    wait = tp.straggler_wait(P4D.world)
+    assert step.total - without.total == pytest.approx(step.contention * (1 + wait))
     layer = tp._layer(W, c, P4D, TARGET, tp.FITTED)
     compute, exposed, _ = tp._overlapped(layer, TARGET, tp.FITTED.overlap)
     hidden = layer.gather + layer.reduce_scatter - exposed
@@ -304,3 +308,20 @@ def test_the_split_is_refused_for_a_pipeline():
     from jaxsmp.plan.throughput import kernel_seconds
     with pytest.raises(ValueError, match="pp=1.*pp=2"):
         kernel_seconds(W, Candidate(1, 64, 1, 2, 1, 8, "full"), P4D)
+
+
+def test_a_step_waits_for_the_slowest_of_its_gpus():
+    """A synchronous step on N GPUs waits for the slowest, about sqrt(2 ln N) spreads
+    above the mean (calibration.STRAGGLER_SPREAD, Sinha et al. SC22): nothing on one
+    GPU, a share of every other part of the step on more, growing with N."""
+    from jaxsmp.plan import Cluster, generic_node
+    from jaxsmp.plan.calibration import STRAGGLER_SPREAD
+    from jaxsmp.plan.throughput import straggler_wait
+    one = Cluster(generic_node("H100-SXM", gpus=1), 1)
+    alone = estimate_time(W, Candidate(1, 1, 1, 1, 1, 4, "full"), one)
+    assert alone.stragglers == 0 and straggler_wait(1) == 0
+    step = estimate_time(W, Candidate(1, 128, 1, 1, 8, 1, "full"), P4D)
+    others = step.total - step.stragglers
+    assert step.stragglers == pytest.approx(
+        others * STRAGGLER_SPREAD * math.sqrt(2 * math.log(128)))
+    assert 0 < straggler_wait(8) < straggler_wait(128) < straggler_wait(4096) < 0.07
