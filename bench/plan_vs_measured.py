@@ -118,7 +118,7 @@ def layer_memory(remat: str) -> tuple[float, float]:
     of 8 x 2048 tokens on one H100 with ``remat``."""
     import jaxsmp
     from jaxsmp.plan.calibrate import DEPTHS, compiled_memory
-    from jaxsmp.plan.throughput import memory_bound, stash_seconds
+    from jaxsmp.plan.traffic import memory_bound, stash_seconds
     config = jaxsmp.models.preset("gpt_neox", "1.3b")
     c = Candidate(1, 1, 1, 1, 8, 1, remat)
     low, high = (compiled_memory(config, c, "H100-SXM", d) for d in DEPTHS)

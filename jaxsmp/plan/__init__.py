@@ -14,8 +14,8 @@ on a cluster, with predicted memory and TFLOP/s per GPU, and a pre-flight compil
 ``jaxsmp.plan.cluster(...)`` and ``python -m jaxsmp.plan``.
 
 Modules: ``hardware`` (GPUs, nodes), ``workload`` (shards, FLOPs, saved activations of a
-model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput``,
-``moe`` (a mixture of experts' GEMMs, all-to-alls and dispatch buffers),
+model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput`` (step
+time) and ``traffic`` (the memory-bound work's bytes), ``moe`` (a mixture of experts' GEMMs, all-to-alls and dispatch buffers),
 ``search``, ``report``, ``compiled`` (pre-flight on simulated CPU devices),
 ``gpu_target`` and ``gpu_preflight`` (pre-flight with XLA:GPU, deviceless), ``__main__`` (CLI).
 
@@ -77,7 +77,7 @@ pre-flight compiles and compares. ``PLAIN_GSPMD`` is a plain GSPMD step
 (with ``remat="none"`` every layer's gathered weights stay alive; no prefetch; tp ranks
 gather and compute whole layers).
 
-Time (``throughput.py``): per microbatch and layer, forward = matmuls + attention +
+Time (``throughput.py``, ``traffic.py``): per microbatch and layer, forward = matmuls + attention +
 memory-bound work, backward = 2 x matmuls + 2.5 (Pallas: 3.5) x attention + 3 x the forward's
 memory-bound work + the gathered weights' traffic; the residuals a remat policy keeps are
 copied into the layer loop's stacked buffers (two passes over them, ``STASH_PASSES``);

@@ -7,7 +7,7 @@ neither GEMMs nor fused attention, launches included). Those are fitted by
 non-negative least squares (relative errors) as ``layer x A + weights x W + outside x
 O``, with ``A``, ``W`` and ``O`` the analytic model's unscaled activation traffic,
 weight traffic and head + optimizer traffic
-(:func:`jaxsmp.plan.throughput.memory_bound`) of the same configurations. Per step,
+(:func:`jaxsmp.plan.traffic.memory_bound`) of the same configurations. Per step,
 activation traffic grows with tokens x width and weight traffic with microbatches x
 width squared, so a family's shapes differ in width and, at one width, in microbatch
 size (else the two are collinear).
@@ -18,7 +18,7 @@ size (else the two are collinear).
 :data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, both
 reducing gradients in float32 (fp8's default), the per-layer growth of fp8's
 memory-bound seconds over bf16's against the analytic quantisation traffic
-(:func:`jaxsmp.plan.throughput.fp8_quantise`).
+(:func:`jaxsmp.plan.traffic.fp8_quantise`).
 
 Prints the scales to paste into ``calibration.py``; takes a few minutes.
 """
@@ -72,7 +72,7 @@ def measurements(family: str, gpu: str) -> list[tuple[float, ...]]:
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
     from jaxsmp.plan.compiled import layer_field
-    from jaxsmp.plan.throughput import memory_bound, stash_seconds
+    from jaxsmp.plan.traffic import memory_bound, stash_seconds
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
     rows = []
@@ -97,7 +97,7 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     from jaxsmp.plan import cluster as make_cluster
     from jaxsmp.plan.candidate import Candidate
     from jaxsmp.plan.compiled import layer_field
-    from jaxsmp.plan.throughput import fp8_quantise
+    from jaxsmp.plan.traffic import fp8_quantise
     from jaxsmp.plan.workload import Workload
     target = make_cluster(f"8x{gpu}+400Gbps", 1)
     rows = []

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from jaxsmp.pipeline.partition import balanced_counts
 from jaxsmp.pipeline.timing import fused_seconds, one_f_one_b_seconds, one_f_one_b_split
-from jaxsmp.plan import moe
+from jaxsmp.plan import moe, traffic
 from jaxsmp.plan.activation_gather import planned
 from jaxsmp.plan.calibration import (
     FITTED,
@@ -35,20 +35,6 @@ from jaxsmp.plan.comm import (
 )
 from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.workload import Workload, backward_ratio
-
-# Memory-bound work per layer: the forward writes the layer's activations once, the
-# backward reads them and writes and reads their gradients (4 passes, whatever the remat
-# policy: recomputed elementwise work fuses into the backward's kernels, traced on an
-# H100); besides, the residuals a policy keeps are copied into the layer loop's stacked
-# buffers (read and written: STASH_PASSES of the bytes kept, unscaled)
-ELEMENTWISE_PASSES = 4
-STASH_PASSES = 2
-ADAMW_BYTES_PER_PARAM = 32   # read params, grads, mu, nu; write params, mu, nu (float32)
-# each further microbatch adds its gradient to the float32 total: read both, write one
-ACCUMULATE_BYTES_PER_PARAM = 12
-# hidden-wide activations a layer's GEMMs read or write per token: the input and q, k, v;
-# the attention output in and out; the MLP's input and output (a count across families)
-GEMM_ACTIVATION_WIDTHS = 8
 
 
 @dataclass(frozen=True)
@@ -99,7 +85,7 @@ def _kernels(w: Workload, c: Candidate, cluster: Cluster, split: int,
     linear = gpu.linear_flops(c.precision)    # float8 GEMMs with "fp8"; attention stays
     matmul = max(moe.layer_matmul_flops(w, c, tokens, split)
                  / (linear * gpu.matmul_efficiency * fitted.matmul),
-                 c.compute_bytes * _gemm_elements(w, c, tokens, split) / hbm)
+                 c.compute_bytes * traffic.gemm_elements(w, c, tokens, split) / hbm)
     causal_flops = 4 * tokens * w.seq_len * w.hidden / split * 0.5
     kernel = w.attention_kernel_at(c.precision)
     rate = gpu.flops(c.precision) * gpu.attention_share(kernel) * fitted.attention
@@ -114,13 +100,13 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     split = c.tp if semantics.megatron_tp else 1    # else every tp rank runs the whole layer
     matmul, attention = _kernels(w, c, cluster, split, fitted)
     if c.precision == "fp8":   # each GEMM's operands cast to float8, their amax, transposes
-        matmul += FP8_QUANTISE_BYTES * _gemm_elements(w, c, tokens, split) / hbm
+        matmul += FP8_QUANTISE_BYTES * traffic.gemm_elements(w, c, tokens, split) / hbm
     kernel = w.attention_kernel_at(c.precision)
-    elementwise = _elementwise(w, c, cluster, split) * w.memory_scale.layer
-    weights = _weights(w, c, cluster, split) * w.memory_scale.weights
-    forward = matmul + attention + elementwise + _stash(w, c, cluster, split)
+    elementwise = traffic.elementwise(w, c, cluster, split) * w.memory_scale.layer
+    weights = traffic.weights(w, c, cluster, split) * w.memory_scale.weights
+    forward = matmul + attention + elementwise + traffic.stash(w, c, cluster, split)
     backward = (2 * matmul + backward_ratio(kernel) * attention
-                + (ELEMENTWISE_PASSES - 1) * elementwise + weights)
+                + (traffic.ELEMENTWISE_PASSES - 1) * elementwise + weights)
     # the GEMMs the policy runs again (never the projections only the residual sum reads,
     # nor what it saves: jaxsmp.plan.recompute) and attention; a stack that reruns the
     # whole forward eagerly (Semantics.whole_forward) runs its elementwise kernels again
@@ -147,24 +133,6 @@ def _layer(w: Workload, c: Candidate, cluster: Cluster, semantics: Semantics,
     cp = cp_forward * (2 if c.remat != "none" else 1) + cp_backward  # recompute: again
     ep = moe.exchange_seconds(w, c, cluster, tokens, cbytes)
     return _Layer(forward, backward, recompute, gather, reduce_scatter, tp, offload, cp, ep)
-
-
-def _gemm_elements(w: Workload, c: Candidate, tokens: int, split: int) -> float:
-    """Elements of one layer's GEMM operands on one device for one microbatch: its
-    weights (the experts' over ep) and the hidden-wide activations they read or write."""
-    dense = w.layer_matmul_params - w.layer_expert_params
-    return ((dense + w.layer_expert_params / c.ep) / split
-            + GEMM_ACTIVATION_WIDTHS * tokens * w.hidden)
-
-
-def fp8_quantise(w: Workload, c: Candidate, cluster: Cluster) -> float:
-    """Unscaled seconds of one step's float8 quantisation on one device at 1 byte per
-    GEMM operand element and pass, remat none and pp = 1 (3 passes: the forward's GEMMs
-    and the backward's two), what :mod:`jaxsmp.plan.calibrate` scales to the compiled
-    program (:data:`~jaxsmp.plan.calibration.FP8_QUANTISE_BYTES`)."""
-    tokens = c.microbatch_size * w.seq_len // c.cp
-    hbm = cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY
-    return 3 * c.microbatches * w.layers * _gemm_elements(w, c, tokens, c.tp) / hbm
 
 
 def _overlapped(layer: _Layer, semantics: Semantics,
@@ -211,7 +179,7 @@ def _head(w: Workload, c: Candidate, cluster: Cluster, fitted: Fitted) -> float:
     """The output head and loss of one microbatch: 3 matmuls of d x vocab/tp per token
     and the logits (compute dtype) moved a few times; on 1/cp of the tokens when tp = 1
     (with tp > 1 the head runs on the whole sequence, :mod:`jaxsmp.context.sequence`)."""
-    return _head_gemms(w, c, cluster, fitted) + _head_memory(w, c, cluster) * (
+    return _head_gemms(w, c, cluster, fitted) + traffic.head_memory(w, c, cluster) * (
         w.memory_scale.outside)
 
 
@@ -238,63 +206,6 @@ def kernel_seconds(w: Workload, c: Candidate, cluster: Cluster, semantics: Seman
     attentions = 1 + backward_ratio(w.attention_kernel_at(c.precision)) + again
     return (c.microbatches * (w.layers * gemms * matmul + _head_gemms(w, c, cluster, fitted)),
             c.microbatches * w.layers * attentions * attention)
-
-
-def _elementwise(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
-    """Unscaled seconds of one forward pass over a layer's activations (one microbatch)."""
-    tokens = c.microbatch_size * w.seq_len // c.cp
-    moved = w.activations("none", c.precision).per_device(split, c.sequence_parallel) * tokens
-    return moved / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
-
-
-def _stash(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
-    """Seconds of copying what the remat policy keeps on the device into the layer loop's
-    stacked buffers (one microbatch)."""
-    tokens = c.microbatch_size * w.seq_len // c.cp
-    kept = w.activations(c.remat, c.precision).per_device(split, c.sequence_parallel)
-    return STASH_PASSES * kept * tokens / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
-
-
-def stash_seconds(w: Workload, c: Candidate, cluster: Cluster) -> float:
-    """One step's residual copies on one device, pp = 1 (what calibrate leaves out)."""
-    return c.microbatches * w.layers * _stash(w, c, cluster, c.tp)
-
-
-def _weights(w: Workload, c: Candidate, cluster: Cluster, split: int) -> float:
-    """Unscaled seconds of moving one layer's gathered weights once in float32 (the
-    compiled step copies, transposes and converts them and their gradients per
-    microbatch)."""
-    gathered = w.shards(c.mesh_shape).layer_gathered * c.tp / split
-    return 4 * gathered / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY)
-
-
-def _head_memory(w: Workload, c: Candidate, cluster: Cluster) -> float:
-    """Unscaled seconds of moving one microbatch's logits 4 times in the compute dtype
-    (jaxsmp.losses: written, read for the normalizer and for the gradient, which is
-    written)."""
-    tokens = c.microbatch_size * w.seq_len // (c.cp if c.tp == 1 else 1)
-    cbytes = c.compute_bytes
-    return (4 * cbytes * tokens * w.vocab / c.tp
-            / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
-
-
-def _optimizer(w: Workload, c: Candidate, cluster: Cluster) -> float:
-    """Unscaled seconds of AdamW and gradient accumulation over the local shards."""
-    local = w.shards(c.mesh_shape).local
-    return (local * (ADAMW_BYTES_PER_PARAM + ACCUMULATE_BYTES_PER_PARAM * (c.grad_accum - 1))
-            / (cluster.node.gpu.hbm_bandwidth * HBM_EFFICIENCY))
-
-
-def memory_bound(w: Workload, c: Candidate,
-                 cluster: Cluster) -> tuple[float, float, float]:
-    """Unscaled seconds of one step's memory-bound work on one device, pp = 1: (the
-    layers' activation traffic, their weight traffic, the head's logits and the
-    optimizer), the three parts :mod:`jaxsmp.plan.calibrate` scales to the compiled
-    program."""
-    per_layer = c.microbatches * w.layers
-    return (per_layer * ELEMENTWISE_PASSES * _elementwise(w, c, cluster, c.tp),
-            per_layer * _weights(w, c, cluster, c.tp),
-            c.microbatches * _head_memory(w, c, cluster) + _optimizer(w, c, cluster))
 
 
 def _bubble(c: Candidate) -> float:
@@ -342,7 +253,7 @@ def estimate_time(w: Workload, c: Candidate, cluster: Cluster,
         pp=m * sends,
         bubble=bubble,
         dp=_replica_reduction(c, cluster, shards),
-        optimizer=_optimizer(w, c, cluster) * w.memory_scale.outside,
+        optimizer=traffic.optimizer(w, c, cluster) * w.memory_scale.outside,
         offload=m * layers * offload,
         cp=m * layers * layer.cp, ep=m * layers * layer.ep,
         contention=m * (layers * contention - share * edges), stages=split,

@@ -15,7 +15,7 @@ from jaxsmp.plan import Candidate, Workload, cluster, estimate_time  # noqa: E40
 from jaxsmp.plan.compiled import compile_candidate  # noqa: E402
 from jaxsmp.plan.compiled_time import compiled_time  # noqa: E402
 from jaxsmp.plan.gpu_preflight import _topology  # noqa: E402
-from jaxsmp.plan.throughput import memory_bound, stash_seconds  # noqa: E402
+from jaxsmp.plan.traffic import memory_bound, stash_seconds  # noqa: E402
 from jaxsmp.plan.workload import backward_ratio  # noqa: E402
 
 # family: (preset, its layer-count field); 6 layers, sdp=8 on 8 A100-80GB, 2 x 4096

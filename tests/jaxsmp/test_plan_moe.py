@@ -9,7 +9,8 @@ from jaxsmp.plan import Candidate, Workload, candidates, cluster, estimate_memor
 from jaxsmp.plan.calibration import COLLECTIVE_LAUNCH, FITTED
 from jaxsmp.plan.candidate import TARGET
 from jaxsmp.plan.report import table, why
-from jaxsmp.plan.throughput import _elementwise, _layer, _stash, estimate_time
+from jaxsmp.plan.throughput import _layer, estimate_time
+from jaxsmp.plan.traffic import elementwise as _elementwise, stash as _stash
 
 D, FFN, EXPERTS, TOP_K, LAYERS = 4096, 14336, 8, 2, 32     # Mixtral-8x7B
 EXPERT = 3 * D * FFN                                        # one expert's SwiGLU

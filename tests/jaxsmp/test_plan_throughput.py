@@ -117,7 +117,7 @@ def test_the_first_gather_and_last_reduce_scatter_of_a_microbatch_stay_exposed()
 
 def test_the_families_memory_scale_multiplies_the_memory_bound_work(monkeypatch):
     from jaxsmp.plan import calibration
-    from jaxsmp.plan.throughput import memory_bound
+    from jaxsmp.plan.traffic import memory_bound
     c = Candidate(1, 128, 1, 1, 8, 1, "full")
     old = calibration.MEMORY_SCALE["gpt_neox"]
     base = estimate_time(W, c, P4D)
@@ -249,7 +249,8 @@ def test_recompute_runs_the_gemms_the_backward_reads_and_save_qkv_not_q_k_v():
     from dataclasses import replace
 
     from jaxsmp.plan.calibration import FITTED
-    from jaxsmp.plan.throughput import _elementwise, _layer, _stash
+    from jaxsmp.plan.throughput import _layer
+    from jaxsmp.plan.traffic import elementwise as _elementwise, stash as _stash
     full, kept = (_layer(W, Candidate(1, 128, 1, 1, 8, 1, r), P4D, TARGET, FITTED)
                   for r in ("full", "save_qkv"))
     c = Candidate(1, 128, 1, 1, 8, 1, "full")
@@ -289,7 +290,7 @@ def test_the_gemm_and_attention_split_is_the_whole_step_when_nothing_else_costs(
     """On one GPU a step is its GEMMs, attention and memory-bound work; priced with no
     memory-bound work, ``kernel_seconds`` must account for all of it (Bloom: Pallas'
     backward ratio; remat: the recomputed GEMM share and attention's rerun)."""
-    from jaxsmp.plan import Cluster, generic_node, throughput as throughput_module
+    from jaxsmp.plan import Cluster, generic_node, traffic
     from jaxsmp.plan.calibration import MemoryScale
     from jaxsmp.plan.throughput import kernel_seconds
     w = Workload(jaxsmp.models.preset(family, preset), 2048)
@@ -298,7 +299,7 @@ def test_the_gemm_and_attention_split_is_the_whole_step_when_nothing_else_costs(
     gemms, attention = kernel_seconds(w, c, one)
     with_memory = estimate_time(w, c, one).total
     monkeypatch.setattr(Workload, "memory_scale", property(lambda _: MemoryScale(0, 0, 0)))
-    monkeypatch.setattr(throughput_module, "STASH_PASSES", 0)
+    monkeypatch.setattr(traffic, "STASH_PASSES", 0)
     assert gemms + attention == pytest.approx(estimate_time(w, c, one).total, rel=1e-9)
     assert gemms + attention < 0.9 * with_memory
     assert gemms > attention > 0
