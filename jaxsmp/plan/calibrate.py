@@ -14,6 +14,15 @@ size (else the two are collinear).
 
     python -m jaxsmp.plan.calibrate [--family llama] [--gpu A100-80GB]
 
+Every program is compiled with the overlap flags jaxsmp gives XLA on GPU hosts
+(:mod:`jaxsmp.xla_flags`), the program a GPU runs: without them jaxsmp's own prefetch
+copies each gathered weight into the layer loop's carry and the scales come out wrong
+(Llama's weights 4.79 where the GPU's program gives 1.43).
+
+``--held-out`` checks the scales instead on a shape per family they were not fitted on
+(:data:`HELD_OUT`: 6 layers, 2 sequences of 4096 tokens a GPU): the analytic
+memory-bound seconds against the compiled program's.
+
 ``--fp8`` derives :data:`jaxsmp.plan.calibration.FP8_QUANTISE_BYTES` instead: each
 :data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, both
 reducing gradients in float32 (fp8's default), the per-layer growth of fp8's
@@ -51,17 +60,43 @@ FLOOR = (0.0, 0.0, 1.0)
 FP8_SHAPES = [("gpt_neox", "1.3b", 1), ("gpt_neox", "1.3b", 4), ("llama", "7b", 1)]
 
 
-def compiled_memory(config, candidate, gpu: str, depth: int) -> float:
+# family: (preset, layers) of the held-out shapes, at HELD_OUT_SEQ tokens, remat full,
+# 2 microbatches of one sequence a GPU on sdp=8
+HELD_OUT = {"llama": ("7b", 6), "gpt_neox": ("2.7b", 6), "bloom": ("7b1", 6)}
+HELD_OUT_SEQ = 4096
+
+
+def gpu_flags() -> None:
+    """Give XLA the overlap flags jaxsmp sets on GPU hosts (:func:`jaxsmp.xla_flags.apply`,
+    as if on one), so that the deviceless programs are those a GPU runs; a no-op once
+    JAX's backend has started (then :func:`compiled_memory` says what is missing)."""
+    from jaxsmp import xla_flags
+    if not xla_flags.pipelines_collectives():
+        xla_flags.apply(gpu=True)
+
+
+def _require_gpu_flags(candidate) -> None:
+    from jaxsmp import xla_flags
+    if candidate.world > 1 and not xla_flags.pipelines_collectives():
+        raise RuntimeError(f"{candidate.label()} would compile without jaxsmp's GPU overlap "
+                           f"flags (jaxsmp.xla_flags), a program no GPU runs: call "
+                           f"calibrate.gpu_flags() before JAX's backend starts, or run "
+                           f"python -m jaxsmp.plan.calibrate")
+
+
+def compiled_memory(config, candidate, gpu: str, depth: int, seq: int = 0) -> float:
     """Memory-bound seconds (launches included) of one step of ``candidate`` with
-    ``depth`` layers of ``config``, compiled for ``gpu`` deviceless and priced by
-    :mod:`jaxsmp.plan.compiled_time`."""
+    ``depth`` layers of ``config`` on ``seq`` tokens (default :data:`SEQ`), compiled for
+    ``gpu`` deviceless and priced by :mod:`jaxsmp.plan.compiled_time`; on more than one
+    GPU with jaxsmp's overlap flags (:func:`gpu_flags`)."""
+    _require_gpu_flags(candidate)
     from jaxsmp.plan import Cluster, generic_node
     from jaxsmp.plan.compiled import compile_candidate, layer_field
     from jaxsmp.plan.compiled_time import compiled_time
     from jaxsmp.plan.gpu_preflight import _topology
     target = Cluster(generic_node(gpu, gpus=candidate.world), 1)
     config = config.replace(**{layer_field(config): depth})
-    compiled = compile_candidate(config, candidate, SEQ, _topology(gpu, candidate.world))
+    compiled = compile_candidate(config, candidate, seq or SEQ, _topology(gpu, candidate.world))
     kernels = compiled_time(compiled, target.node.gpu, candidate.precision, target).kernels
     return kernels.memory + kernels.launch
 
@@ -121,6 +156,27 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     return rows
 
 
+def held_out(family: str, gpu: str = "A100-80GB") -> tuple[float, float]:
+    """(analytic, compiled) memory-bound seconds of the family's :data:`HELD_OUT` shape,
+    the residual copies included in both."""
+    import jaxsmp
+    from jaxsmp.plan import cluster as make_cluster
+    from jaxsmp.plan.candidate import Candidate
+    from jaxsmp.plan.compiled import layer_field
+    from jaxsmp.plan.traffic import memory_bound, stash_seconds
+    from jaxsmp.plan.workload import Workload
+    name, depth = HELD_OUT[family]
+    candidate = Candidate(1, 8, 1, 1, 1, 2, "full")
+    config = jaxsmp.models.preset(family, name)
+    compiled = compiled_memory(config, candidate, gpu, depth, HELD_OUT_SEQ)
+    w = Workload(config.replace(**{layer_field(config): depth}), HELD_OUT_SEQ)
+    target = make_cluster(f"8x{gpu}+400Gbps", 1)
+    scale, parts = w.memory_scale, memory_bound(w, candidate, target)
+    analytic = (scale.layer * parts[0] + scale.weights * parts[1] + scale.outside * parts[2]
+                + stash_seconds(w, candidate, target))
+    return analytic, compiled
+
+
 def fit(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
     """Least-squares scales of the rows' analytic parts, each at least its
     :data:`FLOOR`, relative errors weighed equally (every subset of the parts tried above
@@ -147,13 +203,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gpu", default="A100-80GB")
     p.add_argument("--fp8", action="store_true",
                    help="derive FP8_QUANTISE_BYTES (on H100-SXM) instead of the scales")
+    p.add_argument("--held-out", action="store_true",
+                   help="check the recorded scales on HELD_OUT's shapes instead")
     args = p.parse_args(argv)
+    gpu_flags()
     if "JAX_PLATFORMS" not in os.environ:
         # python -m imported jaxsmp, and with it jax, before this line: tell its config too
         # (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)
         os.environ["JAX_PLATFORMS"] = "cpu"
         import jax
         jax.config.update("jax_platforms", "cpu")
+    if args.held_out:
+        for family in args.family:
+            analytic, compiled = held_out(family, args.gpu)
+            name, depth = HELD_OUT[family]
+            print(f"  held out {family} {name} x{depth} s{HELD_OUT_SEQ}: analytic "
+                  f"{analytic:.4f} s, compiled {compiled:.4f} s "
+                  f"({analytic / compiled - 1:+.1%})", flush=True)
+        return
     if args.fp8:
         rows = fp8_measurements()
         ratios = [compiled / analytic for compiled, analytic in rows]

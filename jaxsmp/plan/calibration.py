@@ -83,7 +83,8 @@ FITTED = Fitted(matmul=0.9, attention=0.71, overlap=1.0)
 # jaxsmp.nn.norm, which cut both the compiled and the analytic activation traffic; all
 # three again 2026-11-27 after the loss stopped keeping float32 logits, jaxsmp.losses;
 # all three 2026-11-28 with the residual copies priced apart and a fourth shape per
-# family, remat none, reproduced by a rerun the same day)
+# family, remat none, reproduced by a rerun the same day; compiled with jaxsmp's GPU
+# overlap flags, which calibrate sets itself since, tests/jaxsmp/test_plan_calibrate.py)
 MEMORY_SCALE: dict[str, MemoryScale] = {
     "gpt_neox": MemoryScale(1.804, 1.966, 1.032),
     "bloom": MemoryScale(1.082, 0.648, 1.655),

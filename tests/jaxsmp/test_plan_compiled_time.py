@@ -1,7 +1,14 @@
 """The compiled step's time (roofline over XLA:GPU's program) against the analytic model
 the search uses, on shapes the calibration did not compile (it compiles 2048-token
 sequences at 4 and 8 layers; these are 4096 tokens at 6 layers), one per family: Llama
-and GPT-NeoX run cuDNN's attention, Bloom's ALiBi pallas_kernels' FlashAttention."""
+and GPT-NeoX run cuDNN's attention, Bloom's ALiBi pallas_kernels' FlashAttention.
+
+These programs compile in this process, whose JAX started without the overlap flags
+jaxsmp gives XLA on GPU hosts, so jaxsmp's own prefetch copies each gathered weight
+into the layer loop's carry: their memory-bound work is heavier than a GPU's program
+(compute -2% to -4% against the analytic model here, within 1% with the flags). The
+memory-bound part alone is checked with the flags, in a process of its own
+(``tests/jaxsmp/test_plan_calibrate.py``, ``python -m jaxsmp.plan.calibrate --held-out``)."""
 import functools
 
 import pytest
@@ -15,7 +22,6 @@ from jaxsmp.plan import Candidate, Workload, cluster, estimate_time  # noqa: E40
 from jaxsmp.plan.compiled import compile_candidate  # noqa: E402
 from jaxsmp.plan.compiled_time import compiled_time  # noqa: E402
 from jaxsmp.plan.gpu_preflight import _topology  # noqa: E402
-from jaxsmp.plan.traffic import memory_bound, stash_seconds  # noqa: E402
 from jaxsmp.plan.workload import backward_ratio  # noqa: E402
 
 # family: (preset, its layer-count field); 6 layers, sdp=8 on 8 A100-80GB, 2 x 4096
@@ -87,18 +93,3 @@ def test_on_h100_an_fp8_step_is_priced_within_10_percent_of_its_compiled_program
     assert timed.kernels.matmul < _compiled(family, "H100-SXM")[3].kernels.matmul * 0.75
     step = estimate_time(w, c, target)
     assert step.compute + step.optimizer == pytest.approx(timed.kernels.compute, rel=0.10)
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "the memory scales (python -m jaxsmp.plan.calibrate, rerun 2026-11-28) come from "
-    "2048-token sequences; at 4096 the compiled program's memory-bound kernels grow "
-    "faster than the model's: analytic 0.042 s against the compiled 0.058 s (-28%, the "
-    "residual copies included); GPT-NeoX -24%, Bloom -17% (the compute as a whole is "
-    "within 4%)"))
-def test_the_calibrated_memory_bound_time_is_within_20_percent_of_the_compiled_programs():
-    w, c, target, timed = _compiled("llama")
-    scale, parts = w.memory_scale, memory_bound(w, c, target)
-    analytic = (scale.layer * parts[0] + scale.weights * parts[1] + scale.outside * parts[2]
-                + stash_seconds(w, c, target))
-    assert analytic == pytest.approx(timed.kernels.memory + timed.kernels.launch, rel=0.2)
