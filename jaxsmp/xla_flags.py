@@ -118,6 +118,16 @@ def pipelines_collectives(env: Mapping[str, str] | None = None) -> bool:
     return all(flags.get(name, "").lower() in ("true", "1") for name in PIPELINED)
 
 
+def overlap_flags_set(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``XLA_FLAGS`` (default ``os.environ``'s) names every flag of
+    :func:`overlap_flags`: a program compiled now is the one a GPU run gets."""
+    env = os.environ if env is None else env
+    names = {f.split("=", 1)[0] for f in env.get("XLA_FLAGS", "").split()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # an untested jaxlib gets no flags: none missing
+        return all(f.split("=", 1)[0] in names for f in overlap_flags())
+
+
 def wanted(env: Mapping[str, str] | None = None, gpu: bool | None = None) -> bool:
     """Whether :func:`apply` would set flags: on a GPU and not opted out."""
     env = os.environ if env is None else env

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from jaxsmp import xla_flags
 from jaxsmp.nn.remat import POLICIES
 from jaxsmp.pipeline.schedule import SCHEDULES
 
@@ -60,6 +61,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.preflight and args.preflight_backend == "gpu":
+        # compile the program a GPU runs: jaxsmp's import adds its overlap flags only
+        # where JAX_PLATFORMS allows a GPU (a no-op once JAX has started; the pre-flight
+        # then says the flags are missing)
+        xla_flags.apply(gpu=True)
     # simulated CPU devices must be set before JAX starts a backend (pre-flight only);
     # jax read JAX_PLATFORMS when jaxsmp imported it, so the setting goes to its config
     # too (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from jaxsmp import xla_flags
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.compiled import CompiledMemory, GiB, compile_candidate, memory_of
 from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
@@ -22,6 +23,12 @@ from jaxsmp.plan.hardware import Cluster
 from jaxsmp.plan.memory import FRAMEWORK_BYTES, MemoryBreakdown, capacity, estimate_memory
 from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
+
+FLAGS_SET = "  compiled with the overlap flags jaxsmp gives XLA on GPU hosts, as a GPU runs it"
+FLAGS_MISSING = ("  compiled WITHOUT the overlap flags jaxsmp gives XLA on GPU hosts (JAX started "
+                 "before they were set, or JAXSMP_XLA_FLAGS=0): jaxsmp's own prefetch is in "
+                 "this program, XLA's pipelined gathers in a GPU's; memory and time may "
+                 "differ (python -m jaxsmp.plan --preflight sets them)")
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,8 @@ class GpuPreflight:
     time: CompiledTime | None = None    # the roofline over the compiled program
     predicted_time: StepTime | None = None   # the analytic model's step
     fp8_gemms: int | None = None   # cuBLASLt FP8 GEMM calls in the program (precision="fp8")
+    # compiled with the overlap flags jaxsmp gives XLA on GPU hosts (jaxsmp.xla_flags)
+    gpu_flags: bool = True
 
     @property
     def total(self) -> float:
@@ -67,6 +76,7 @@ class GpuPreflight:
         lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
                      f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
         lines.append(f"  model vs compiled peak: {self.error:+.1%}")
+        lines.append(FLAGS_SET if self.gpu_flags else FLAGS_MISSING)
         if self.fp8_gemms is not None:
             lines.append(f"  fp8: {self.fp8_gemms} cuBLASLt FP8 GEMM calls in the compiled "
                          f"program")
@@ -109,4 +119,5 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
         step = estimate_time(w, candidate, cluster, semantics)
     fp8 = count_fp8_gemms(compiled.as_text()) if candidate.precision == "fp8" else None
     return GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
-                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8)
+                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8,
+                        xla_flags.overlap_flags_set())

@@ -72,6 +72,25 @@ def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
     assert ": fits" in out and "model vs compiled peak" in out
     # the step's time: the roofline over the compiled program and the analytic model
     assert "time (roofline over XLA:GPU's program)" in out and "time (analytic model)" in out
+    # this process's JAX started without jaxsmp's GPU flags: the pre-flight says so
+    from jaxsmp.plan.gpu_preflight import FLAGS_MISSING
+    assert FLAGS_MISSING in out
+
+
+@pytest.mark.slow
+def test_the_cli_preflight_compiles_with_jaxsmps_gpu_flags_even_under_jax_platforms_cpu():
+    """JAX_PLATFORMS=cpu keeps jaxsmp's import from adding its GPU overlap flags; the
+    pre-flight adds them itself, so it compiles the program a GPU runs."""
+    require_gpu_compiler()
+    from jaxsmp.plan.gpu_preflight import FLAGS_SET
+    env = {k: v for k, v in os.environ.items() if not k.startswith("_JAXSMP")}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxsmp.plan", "--model", "gpt_neox:tiny", "--node",
+         "p5.48xlarge", "--nodes", "2", "--seq-len", "128", "--global-batch", "32", "--top",
+         "1", "--preflight"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert FLAGS_SET in done.stdout and "model vs compiled peak" in done.stdout
 
 
 def test_preflight_names_a_gpu_without_a_target(capsys, monkeypatch):

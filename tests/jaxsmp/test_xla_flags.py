@@ -116,3 +116,11 @@ def test_only_jaxsmp_s_own_double_buffering_is_turned_off():
     assert xla_flags.step_compiler_options(1, ours) == off
     assert xla_flags.step_compiler_options(8, ours) == {}
     assert xla_flags.step_compiler_options(1, {"XLA_FLAGS": flag}) == {}   # the user's
+
+
+def test_overlap_flags_set_names_a_program_compiled_as_a_gpu_runs_it():
+    every = xla_flags.merged("--xla_dump_to=/tmp/x", xla_flags.overlap_flags())
+    assert xla_flags.overlap_flags_set({"XLA_FLAGS": every})
+    assert not xla_flags.overlap_flags_set({"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    one_missing = " ".join(f for f in every.split() if "double_buffering" not in f)
+    assert not xla_flags.overlap_flags_set({"XLA_FLAGS": one_missing})
