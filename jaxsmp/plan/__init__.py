@@ -14,8 +14,9 @@ on a cluster, with predicted memory and TFLOP/s per GPU, and a pre-flight compil
 ``jaxsmp.plan.cluster(...)`` and ``python -m jaxsmp.plan``.
 
 Modules: ``hardware`` (GPUs, nodes), ``workload`` (shards, FLOPs, saved activations of a
-model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput`` (step
-time) and ``traffic`` (the memory-bound work's bytes), ``moe`` (a mixture of experts' GEMMs, all-to-alls and dispatch buffers),
+model), ``candidate`` (one configuration, step semantics), ``memory``, ``throughput``
+(step time) and ``traffic`` (the memory-bound work's bytes), ``moe`` (a mixture of
+experts' GEMMs, all-to-alls and dispatch buffers),
 ``search``, ``report``, ``compiled`` (pre-flight on simulated CPU devices),
 ``gpu_target`` and ``gpu_preflight`` (pre-flight with XLA:GPU, deviceless), ``__main__`` (CLI).
 
@@ -77,39 +78,39 @@ pre-flight compiles and compares. ``PLAIN_GSPMD`` is a plain GSPMD step
 (with ``remat="none"`` every layer's gathered weights stay alive; no prefetch; tp ranks
 gather and compute whole layers).
 
-Time (``throughput.py``, ``traffic.py``): per microbatch and layer, forward = matmuls + attention +
-memory-bound work, backward = 2 x matmuls + 2.5 (Pallas: 3.5) x attention + 3 x the forward's
-memory-bound work + the gathered weights' traffic; the residuals a remat policy keeps are
-copied into the layer loop's stacked buffers (two passes over them, ``STASH_PASSES``);
-recomputation adds the GEMMs the backward reads and attention (XLA fuses recomputed
-elementwise work into the backward's kernels; an eager whole forward,
-``Semantics.whole_forward``, runs it again), and jaxsmp's 1F1B recomputes each stage.
-Matmuls run at the achievable fraction above times ``matmul``, attention at its kernel's
-rate times ``attention``, both measured on jaxsmp's own step traced on one H100 (the
-slowest of six rows); memory-bound work (activation
-traffic, weight traffic, the head's logits and AdamW's 32 B per local parameter) moves at
-85% of HBM bandwidth, scaled per family to what the roofline over XLA:GPU's compiled
-program charges (``calibration``, derived by ``python -m jaxsmp.plan.calibrate``;
-``hlo_cost`` and ``compiled_time`` are that roofline, which the GPU pre-flight prints
-beside the analytic model). With ``precision="fp8"`` the Linears' GEMMs run at the same
-fraction of the FP8 peak and each GEMM operand element moves ``FP8_QUANTISE_BYTES`` more
-per pass (casts to float8, amax, transposes; ``calibrate --fp8``). sdp gathers (compute
-dtype) and reduce-scatters (the candidate's ``reduce_dtype``: the step's default, bf16
-with bf16 compute, else float32) per layer and microbatch use the cost model's best
-algorithm on the sdp group's topology (sharing the host's network with the other groups
-of the host), plus a launch cost per collective call; with prefetch they hide behind a
-fitted share (``overlap``) of the compute beside them, which meanwhile runs without the
-SMs NCCL's kernels hold (``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on
-H100), and the first gather and last reduce-scatter of each microbatch have nothing to
-hide behind; else they add.
-A step on N GPUs waits for the slowest, ``1 + STRAGGLER_SPREAD sqrt(2 ln N)`` times the
-rest (GPU speeds spread 1.5%: Sinha et al., SC22). Megatron TP adds two all-reduces per layer pass; pipelines add one send per microbatch
-and chunk boundary and the schedule simulator's bubble; dp adds one all-reduce of the
-gradient shards per step (in ``reduce_dtype``). ``overlap`` is fitted by
-``bench/plan_vs_published.py --fit`` on the 8 runs it names (``FIT``: every third of its
-first list), with the one constant that bench adds for the published eager stacks
-(their throughput against a compiled step's); it reports the error on the 91 others,
-scaling series over node counts included (docs/planner.md, "How accurate it is"). Model TFLOP/s use
+Time (``throughput.py``, ``traffic.py``): per microbatch and layer, forward = matmuls +
+attention + memory-bound work, backward = 2 x matmuls + 2.5 (Pallas: 3.5) x attention +
+3 x the forward's memory-bound work + the gathered weights' traffic; the residuals a
+remat policy keeps are copied into the layer loop's stacked buffers (two passes over
+them, ``STASH_PASSES``); recomputation adds the GEMMs the backward reads and attention
+(XLA fuses recomputed elementwise work into the backward's kernels; an eager whole
+forward, ``Semantics.whole_forward``, runs it again), and jaxsmp's 1F1B recomputes each
+stage. Matmuls run at the achievable fraction above times ``matmul``, attention at its
+kernel's rate times ``attention``, both measured on jaxsmp's own step traced on one H100
+(the slowest of six rows); memory-bound work (activation traffic, weight traffic, the
+head's logits and AdamW's 32 B per local parameter) moves at 85% of HBM bandwidth,
+scaled per family to what the roofline over XLA:GPU's compiled program charges
+(``calibration``, derived by ``python -m jaxsmp.plan.calibrate``; ``hlo_cost`` and
+``compiled_time`` are that roofline, which the GPU pre-flight prints beside the analytic
+model). With ``precision="fp8"`` the Linears' GEMMs run at the same fraction of the FP8
+peak and each GEMM operand element moves ``FP8_QUANTISE_BYTES`` more per pass (casts to
+float8, amax, transposes; ``calibrate --fp8``). sdp gathers (compute dtype) and reduce-
+scatters (the candidate's ``reduce_dtype``: the step's default, bf16 with bf16 compute,
+else float32) per layer and microbatch use the cost model's best algorithm on the sdp
+group's topology (sharing the host's network with the other groups of the host), plus a
+launch cost per collective call; with prefetch they hide behind a fitted share
+(``overlap``) of the compute beside them, which meanwhile runs without the SMs NCCL's
+kernels hold (``GPU.collective_sm_share``: 16 of 108 on A100, 24 of 132 on H100), and
+the first gather and last reduce-scatter of each microbatch have nothing to hide behind;
+else they add. A step on N GPUs waits for the slowest, ``1 + STRAGGLER_SPREAD sqrt(2 ln
+N)`` times the rest (GPU speeds spread 1.5%: Sinha et al., SC22). Megatron TP adds two
+all-reduces per layer pass; pipelines add one send per microbatch and chunk boundary and
+the schedule simulator's bubble; dp adds one all-reduce of the gradient shards per step
+(in ``reduce_dtype``). ``overlap`` is fitted by ``bench/plan_vs_published.py --fit`` on
+the 8 runs it names (``FIT``: every third of its first list), with the one constant that
+bench adds for the published eager stacks (their throughput against a compiled step's);
+it reports the error on the 91 others, scaling series over node counts included
+(docs/planner.md, "How accurate it is"). Model TFLOP/s use
 :func:`jaxsmp.metrics.train_flops_per_token` (6N + attention, no recomputation); MFU
 divides by the data-sheet peak.
 

@@ -21,7 +21,7 @@ copies each gathered weight into the layer loop's carry and the scales come out 
 
 ``--held-out`` checks the scales instead on a shape per family they were not fitted on
 (:data:`HELD_OUT`: 6 layers, 2 sequences of 4096 tokens a GPU): the analytic
-memory-bound seconds against the compiled program's.
+memory-bound and compute seconds against the compiled program's.
 
 ``--fp8`` derives :data:`jaxsmp.plan.calibration.FP8_QUANTISE_BYTES` instead: each
 :data:`FP8_SHAPES` shape compiled in bf16 and in fp8 for 8 H100s at the two depths, both
@@ -66,29 +66,20 @@ HELD_OUT = {"llama": ("7b", 6), "gpt_neox": ("2.7b", 6), "bloom": ("7b1", 6)}
 HELD_OUT_SEQ = 4096
 
 
-def gpu_flags() -> None:
-    """Give XLA the overlap flags jaxsmp sets on GPU hosts (:func:`jaxsmp.xla_flags.apply`,
-    as if on one), so that the deviceless programs are those a GPU runs; a no-op once
-    JAX's backend has started (then :func:`compiled_memory` says what is missing)."""
-    from jaxsmp import xla_flags
-    if not xla_flags.pipelines_collectives():
-        xla_flags.apply(gpu=True)
-
-
 def _require_gpu_flags(candidate) -> None:
     from jaxsmp import xla_flags
-    if candidate.world > 1 and not xla_flags.pipelines_collectives():
+    if candidate.world > 1 and not xla_flags.overlap_flags_set():
         raise RuntimeError(f"{candidate.label()} would compile without jaxsmp's GPU overlap "
-                           f"flags (jaxsmp.xla_flags), a program no GPU runs: call "
-                           f"calibrate.gpu_flags() before JAX's backend starts, or run "
+                           f"flags (jaxsmp.xla_flags), a program no GPU runs: set them "
+                           f"before JAX's backend starts (xla_flags.apply(gpu=True)), or run "
                            f"python -m jaxsmp.plan.calibrate")
 
 
-def compiled_memory(config, candidate, gpu: str, depth: int, seq: int = 0) -> float:
-    """Memory-bound seconds (launches included) of one step of ``candidate`` with
-    ``depth`` layers of ``config`` on ``seq`` tokens (default :data:`SEQ`), compiled for
-    ``gpu`` deviceless and priced by :mod:`jaxsmp.plan.compiled_time`; on more than one
-    GPU with jaxsmp's overlap flags (:func:`gpu_flags`)."""
+def compiled_kernels(config, candidate, gpu: str, depth: int, seq: int = 0):
+    """The roofline (:class:`jaxsmp.plan.hlo_cost.KernelTime`) of one step of
+    ``candidate`` with ``depth`` layers of ``config`` on ``seq`` tokens (default
+    :data:`SEQ`), compiled for ``gpu`` deviceless; on more than one GPU with jaxsmp's
+    overlap flags (the program a GPU runs)."""
     _require_gpu_flags(candidate)
     from jaxsmp.plan import Cluster, generic_node
     from jaxsmp.plan.compiled import compile_candidate, layer_field
@@ -97,7 +88,12 @@ def compiled_memory(config, candidate, gpu: str, depth: int, seq: int = 0) -> fl
     target = Cluster(generic_node(gpu, gpus=candidate.world), 1)
     config = config.replace(**{layer_field(config): depth})
     compiled = compile_candidate(config, candidate, seq or SEQ, _topology(gpu, candidate.world))
-    kernels = compiled_time(compiled, target.node.gpu, candidate.precision, target).kernels
+    return compiled_time(compiled, target.node.gpu, candidate.precision, target).kernels
+
+
+def compiled_memory(config, candidate, gpu: str, depth: int) -> float:
+    """Memory-bound seconds (launches included) of :func:`compiled_kernels`."""
+    kernels = compiled_kernels(config, candidate, gpu, depth)
     return kernels.memory + kernels.launch
 
 
@@ -156,11 +152,11 @@ def fp8_measurements(gpu: str = "H100-SXM") -> list[tuple[float, float]]:
     return rows
 
 
-def held_out(family: str, gpu: str = "A100-80GB") -> tuple[float, float]:
-    """(analytic, compiled) memory-bound seconds of the family's :data:`HELD_OUT` shape,
-    the residual copies included in both."""
+def held_out(family: str, gpu: str = "A100-80GB") -> tuple[tuple[float, float], ...]:
+    """((analytic, compiled) memory-bound seconds, the residual copies included in both;
+    (analytic, compiled) compute seconds) of the family's :data:`HELD_OUT` shape."""
     import jaxsmp
-    from jaxsmp.plan import cluster as make_cluster
+    from jaxsmp.plan import Cluster, estimate_time, generic_node
     from jaxsmp.plan.candidate import Candidate
     from jaxsmp.plan.compiled import layer_field
     from jaxsmp.plan.traffic import memory_bound, stash_seconds
@@ -168,13 +164,15 @@ def held_out(family: str, gpu: str = "A100-80GB") -> tuple[float, float]:
     name, depth = HELD_OUT[family]
     candidate = Candidate(1, 8, 1, 1, 1, 2, "full")
     config = jaxsmp.models.preset(family, name)
-    compiled = compiled_memory(config, candidate, gpu, depth, HELD_OUT_SEQ)
+    kernels = compiled_kernels(config, candidate, gpu, depth, HELD_OUT_SEQ)
     w = Workload(config.replace(**{layer_field(config): depth}), HELD_OUT_SEQ)
-    target = make_cluster(f"8x{gpu}+400Gbps", 1)
+    target = Cluster(generic_node(gpu, gpus=8), 1)
     scale, parts = w.memory_scale, memory_bound(w, candidate, target)
     analytic = (scale.layer * parts[0] + scale.weights * parts[1] + scale.outside * parts[2]
                 + stash_seconds(w, candidate, target))
-    return analytic, compiled
+    step = estimate_time(w, candidate, target)
+    return ((analytic, kernels.memory + kernels.launch),
+            (step.compute + step.optimizer, kernels.compute))
 
 
 def fit(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
@@ -206,7 +204,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--held-out", action="store_true",
                    help="check the recorded scales on HELD_OUT's shapes instead")
     args = p.parse_args(argv)
-    gpu_flags()
+    from jaxsmp import xla_flags
+    xla_flags.apply(gpu=True)   # before JAX starts: the program a GPU runs
     if "JAX_PLATFORMS" not in os.environ:
         # python -m imported jaxsmp, and with it jax, before this line: tell its config too
         # (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)
@@ -215,11 +214,13 @@ def main(argv: list[str] | None = None) -> None:
         jax.config.update("jax_platforms", "cpu")
     if args.held_out:
         for family in args.family:
-            analytic, compiled = held_out(family, args.gpu)
+            (memory, compiled_memory_s), (compute, compiled_compute) = held_out(family, args.gpu)
             name, depth = HELD_OUT[family]
-            print(f"  held out {family} {name} x{depth} s{HELD_OUT_SEQ}: analytic "
-                  f"{analytic:.4f} s, compiled {compiled:.4f} s "
-                  f"({analytic / compiled - 1:+.1%})", flush=True)
+            print(f"  held out {family} {name} x{depth} s{HELD_OUT_SEQ} on {args.gpu}: "
+                  f"memory-bound analytic {memory:.4f} s, compiled {compiled_memory_s:.4f} s "
+                  f"({memory / compiled_memory_s - 1:+.1%}); compute analytic {compute:.4f} s, "
+                  f"compiled {compiled_compute:.4f} s ({compute / compiled_compute - 1:+.1%})",
+                  flush=True)
         return
     if args.fp8:
         rows = fp8_measurements()

@@ -56,10 +56,12 @@ def test_the_recorded_llama_scales_are_what_the_cli_derives_with_jax_platforms_c
 
 @pytest.mark.slow
 def test_the_scales_hold_within_10_percent_on_shapes_they_were_not_fitted_on():
-    """6 layers at 4096 tokens (calibrate compiles 4 and 8 at 2048): 2026-11-28 llama
-    +7.4%, gpt_neox -2.9%, bloom +8.5% (compiled without jaxsmp's GPU flags, as this
-    check once was, the programs read -28%, -24%, -17%)."""
+    """6 layers at 4096 tokens (calibrate compiles 4 and 8 at 2048), memory-bound and
+    compute: 2026-11-28 llama +7.4% / +0.7%, gpt_neox -2.9% / -0.4%, bloom +8.5% / +0.8%
+    (compiled without jaxsmp's GPU flags, as this check once was, the memory-bound part
+    read -28%, -24%, -17%)."""
     out = _calibrate("--held-out")
-    found = dict(re.findall(r"held out (\w+) .*\(([+-][\d.]+)%\)", out))
+    found = {family: (float(memory), float(compute)) for family, memory, compute in re.findall(
+        r"held out (\w+) .*?\(([+-][\d.]+)%\); compute .*?\(([+-][\d.]+)%\)", out)}
     assert set(found) == set(calibrate.HELD_OUT), out
-    assert all(abs(float(e)) <= 10 for e in found.values()), out
+    assert all(abs(e) <= 10 for errors in found.values() for e in errors), out

@@ -6,9 +6,10 @@ and GPT-NeoX run cuDNN's attention, Bloom's ALiBi pallas_kernels' FlashAttention
 These programs compile in this process, whose JAX started without the overlap flags
 jaxsmp gives XLA on GPU hosts, so jaxsmp's own prefetch copies each gathered weight
 into the layer loop's carry: their memory-bound work is heavier than a GPU's program
-(compute -2% to -4% against the analytic model here, within 1% with the flags). The
-memory-bound part alone is checked with the flags, in a process of its own
-(``tests/jaxsmp/test_plan_calibrate.py``, ``python -m jaxsmp.plan.calibrate --held-out``)."""
+(compute -2% to -7% against the analytic model here, within 1% with the flags on
+A100 and H100 in bf16). The memory-bound part and the compute are checked with the flags,
+in a process of their own (``tests/jaxsmp/test_plan_calibrate.py``, ``python -m
+jaxsmp.plan.calibrate --held-out [--gpu H100-SXM]``)."""
 import functools
 
 import pytest
