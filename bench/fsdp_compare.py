@@ -45,7 +45,7 @@ import jaxsmp  # noqa: E402
 from jaxsmp import xla_flags  # noqa: E402
 from jaxsmp.checkpoint import abstract_state  # noqa: E402
 from jaxsmp.losses import causal_lm_loss  # noqa: E402
-from jaxsmp.plan import gpu_target, hlo_cost  # noqa: E402
+from jaxsmp.plan import gpu_target, hlo_cost, hlo_parse  # noqa: E402
 from jaxsmp.plan.compiled_time import collective_seconds, rates  # noqa: E402
 from jaxsmp.plan.hardware import GPUS, Cluster, node  # noqa: E402
 
@@ -163,7 +163,7 @@ def analyse(compiled) -> dict:
 def _memory_kernels(text: str, k: hlo_cost.KernelTime) -> dict:
     """The memory-bound kernels' HBM GiB per step: by where they run (the layer loops or
     the entry computation) and whether they write float32, and the largest 40."""
-    entry = hlo_cost.parse(text)[1]
+    entry = hlo_parse.parse(text)[1]
     where = collections.Counter()
     for key, nbytes in k.memory_kernels.items():
         comp, shape = key.split("/", 1)[0], key.split(" ", 1)[1]

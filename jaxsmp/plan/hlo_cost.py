@@ -1,9 +1,9 @@
 """Step time from the program XLA:GPU compiled: a roofline over its optimized HLO.
 
-``compiled.as_text()`` is parsed into computations; from the entry computation every
-kernel is costed once per execution: a ``while`` loop's body times its trip count
-(``known_trip_count`` in its backend config; XLA's ``cost_analysis`` counts a body
-once), conditionals at their costliest branch, calls and async wrappers at what they
+``compiled.as_text()`` is parsed into computations (:mod:`hlo_parse`); from the entry
+computation every kernel is costed once per execution: a ``while`` loop's body times its
+trip count (``known_trip_count`` in its backend config; XLA's ``cost_analysis`` counts a
+body once), conditionals at their costliest branch, calls and async wrappers at what they
 call, an asynchronous ``fusion-start`` (jax 0.11+) as the fusion it runs. A kernel is
 
 - a GEMM (a fusion around a ``dot``, or a cuBLAS custom call): its FLOPs at the GPU's
@@ -30,13 +30,13 @@ iota (``[2,4]<=[8]``, ``[2,4]<=[4,2]T(1,0)``) and GSPMD's mesh axes
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 
-from jaxsmp.metrics.hlo import ARRAY, callees, computations, first_replica_group, shape_bytes
+from jaxsmp.metrics.hlo import ARRAY, callees, shape_bytes
 from jaxsmp.plan.gpu_target import FP8_GEMM
+from jaxsmp.plan.hlo_parse import Instr, as_fusion, backend_config, dims, parse, replica_group
 
 LAUNCH_SECONDS = 2e-6   # per kernel: launch and tail (XLA runs loops as CUDA graphs)
 TRITON = "__gpu$xla.gpu.triton"
@@ -52,15 +52,6 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
 COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "collective-permute",
                "all-to-all", "send", "recv"}
 
-
-@dataclass(frozen=True)
-class Instr:
-    name: str
-    shape: str
-    op: str
-    operands: tuple[str, ...]
-    attrs: str
-    args: str = ""   # the text between the parentheses (a constant's value)
 
 
 @dataclass(frozen=True)
@@ -122,80 +113,6 @@ class Rates:
     pallas_attention_flops: float = 0.0
 
 
-def _dims(shape: str) -> list[int]:
-    found = ARRAY.search(shape)
-    return [int(d) for d in found.group(2).split(",") if d] if found else []
-
-
-def _closing(text: str, start: int) -> int:
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0:
-            return i
-    raise ValueError(f"unbalanced parentheses in HLO line: {text[:200]}")
-
-
-def _instruction(line: str) -> Instr | None:
-    body = line.strip().removeprefix("ROOT ")
-    if not body.startswith("%") or " = " not in body:
-        return None
-    name, rest = body[1:].split(" = ", 1)
-    end = _closing(rest, 0) + 1 if rest.startswith("(") else rest.index(" ")
-    shape, rest = rest[:end], rest[end:].lstrip()
-    paren = rest.index("(")
-    close = _closing(rest, paren)
-    operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
-    return Instr(name, shape, rest[:paren], operands, rest[close + 1:], rest[paren + 1:close])
-
-
-def parse(text: str) -> tuple[dict[str, list[Instr]], str]:
-    """(computations by name, the entry computation's name) of an HLO module's text."""
-    lines, entry = computations(text)
-    if not entry:
-        raise ValueError("no ENTRY computation in the HLO text")
-    return {name: [i for line in body if (i := _instruction(line))]
-            for name, body in lines.items()}, entry
-
-
-def as_fusion(start: Instr) -> Instr:
-    """An asynchronous ``fusion-start`` (XLA:GPU in jax 0.11+ wraps some fusions, e.g.
-    the in-place updates of a loop's stacked residuals, in a start / done pair) as the
-    fusion it runs: its operands, and its result, the second element of the start's
-    ``((operands), result, context)`` tuple. The done moves nothing of its own."""
-    inner = start.shape.strip()[1:-1]
-    depth, parts, begin = 0, [], 0
-    for k, ch in enumerate(inner):
-        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(inner[begin:k])
-            begin = k + 1
-    parts.append(inner[begin:])
-    return Instr(start.name, parts[1].strip() if len(parts) > 2 else start.shape, "fusion",
-                 start.operands, start.attrs, start.args)
-
-
-def _config(attrs: str) -> dict:
-    found = re.search(r"backend_config=(\{.*\})\s*$", attrs)
-    if not found:
-        return {}
-    try:
-        return json.loads(found.group(1))
-    except json.JSONDecodeError:
-        return {}
-
-
-def replica_group(instr: Instr) -> tuple[int, int]:
-    """(size, stride) of the first replica group (or source-target pair) of a collective."""
-    pairs = re.search(r"source_target_pairs=\{\{(\d+),(\d+)\}", instr.attrs)
-    if pairs:
-        return 2, max(1, abs(int(pairs.group(2)) - int(pairs.group(1))))
-    group = first_replica_group(instr.attrs)
-    if group is None:
-        return 1, 1
-    return len(group), (int(group[1] - group[0]) if len(group) > 1 else 1)
-
-
 class _Coster:
     """Costs computations of one parsed module on ``rates``, each computation once."""
 
@@ -232,7 +149,7 @@ class _Coster:
             self.kernel(comp, i, total)
 
     def trip_count(self, i: Instr) -> int:
-        known = _config(i.attrs).get("known_trip_count", {}).get("n")
+        known = backend_config(i.attrs).get("known_trip_count", {}).get("n")
         if known is not None:
             return int(known)
         condition = self.comps[callees(i.attrs, "condition")[0]]
@@ -313,10 +230,10 @@ class _Coster:
     def attention_flops(self, i: Instr, target: str) -> float:
         """4 x scores x head dim (QK^T and PV), half of it under a causal mask; the
         backward runs 2.5 forwards' worth (5 matmuls of the forward's 2)."""
-        config = _config(i.attrs).get("cudnn_fmha_backend_config", {})
+        config = backend_config(i.attrs).get("cudnn_fmha_backend_config", {})
         scores = math.prod(int(d) for d in config.get("intermediate_tensor_shape", {})
                            .get("dimensions", []))
-        flops = 4.0 * scores * _dims(i.shape)[-1]
+        flops = 4.0 * scores * dims(i.shape)[-1]
         if "CAUSAL" in str(config.get("mask_type", "")):
             flops /= 2
         return flops * (2.5 if "Backward" in target else 1.0)
@@ -331,17 +248,17 @@ class _Coster:
         matmuls = PALLAS_ATTENTION.get(names[-1] if names else "", 0)
         if not matmuls:
             return 0.0
-        q = _dims(self.shapes[comp].get(i.operands[0], ""))
-        k = _dims(self.shapes[comp].get(i.operands[1], ""))
+        q = dims(self.shapes[comp].get(i.operands[0], ""))
+        k = dims(self.shapes[comp].get(i.operands[1], ""))
         return matmuls * 2.0 * math.prod(q) * k[1] / 2
 
     def matmul_flops(self, comp: str, i: Instr, target: str) -> float:
         if target.startswith("__cublas"):
-            numbers = _config(i.attrs).get("gemm_backend_config", {}).get(
+            numbers = backend_config(i.attrs).get("gemm_backend_config", {}).get(
                 "dot_dimension_numbers", {})
-            lhs = _dims(self.shapes[comp][i.operands[0]])
+            lhs = dims(self.shapes[comp][i.operands[0]])
             inner = math.prod(lhs[int(d)] for d in numbers.get("lhs_contracting_dimensions", []))
-            return 2.0 * math.prod(_dims(i.shape)) * inner
+            return 2.0 * math.prod(dims(i.shape)) * inner
         if i.op != "fusion":
             return 0.0
         return sum(self._dot_flops(name) for name in callees(i.attrs, "calls"))
@@ -350,10 +267,10 @@ class _Coster:
         flops = 0.0
         for d in self.comps.get(name, []):
             if d.op in ("dot", "convolution"):
-                lhs = _dims(self.shapes[name][d.operands[0]])
+                lhs = dims(self.shapes[name][d.operands[0]])
                 found = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", d.attrs)
                 contracting = [int(x) for x in found.group(1).split(",") if x] if found else []
-                flops += 2.0 * math.prod(_dims(d.shape)) * math.prod(lhs[k] for k in contracting)
+                flops += 2.0 * math.prod(dims(d.shape)) * math.prod(lhs[k] for k in contracting)
             elif d.op == "fusion":
                 flops += sum(self._dot_flops(n) for n in callees(d.attrs, "calls"))
         return flops

@@ -2,7 +2,8 @@
 the dot inside a fusion, fused attention, sliced operands and in-place updates."""
 import pytest
 
-from jaxsmp.plan.hlo_cost import Rates, estimate, exposed_collectives, parse, replica_group
+from jaxsmp.plan.hlo_cost import Rates, estimate, exposed_collectives
+from jaxsmp.plan.hlo_parse import parse, replica_group
 
 RATES = Rates(matmul_flops=1e12, attention_flops=5e11, hbm_bytes=1e9)
 
