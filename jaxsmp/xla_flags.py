@@ -128,6 +128,15 @@ def overlap_flags_set(env: Mapping[str, str] | None = None) -> bool:
         return all(f.split("=", 1)[0] in names for f in overlap_flags())
 
 
+def combine_threshold(env: Mapping[str, str] | None = None) -> int | None:
+    """The all-gather combine threshold ``XLA_FLAGS`` (default ``os.environ``'s) sets, in
+    bytes; ``None`` if it sets none (XLA's default)."""
+    env = os.environ if env is None else env
+    flags = dict(f.split("=", 1) for f in env.get("XLA_FLAGS", "").split() if "=" in f)
+    value = flags.get(_COMBINE[0])
+    return int(value) if value is not None else None
+
+
 def wanted(env: Mapping[str, str] | None = None, gpu: bool | None = None) -> bool:
     """Whether :func:`apply` would set flags: on a GPU and not opted out."""
     env = os.environ if env is None else env

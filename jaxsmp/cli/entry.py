@@ -21,8 +21,7 @@ def _layer_bytes(cfg) -> int:
     """One stacked layer's parameters in the compute dtype (abstract: no backend)."""
     from jaxsmp.models import preset
     from jaxsmp.plan.workload import Workload
-    itemsize = 4 if cfg.step.precision == "fp32" else 2
-    return Workload(preset(cfg.model, cfg.preset), cfg.seq_len).layer_params * itemsize
+    return Workload(preset(cfg.model, cfg.preset), cfg.seq_len).layer_bytes(cfg.step.precision)
 
 
 def _join_cluster(cfg) -> None:

@@ -61,11 +61,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.preflight and args.preflight_backend == "gpu":
-        # compile the program a GPU runs: jaxsmp's import adds its overlap flags only
-        # where JAX_PLATFORMS allows a GPU (a no-op once JAX has started; the pre-flight
-        # then says the flags are missing)
-        xla_flags.apply(gpu=True)
     # simulated CPU devices must be set before JAX starts a backend (pre-flight only);
     # jax read JAX_PLATFORMS when jaxsmp imported it, so the setting goes to its config
     # too (else the CUDA plugin starts, fails without a GPU, and no GPU topology exists)
@@ -75,8 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_platforms", "cpu")
     from jaxsmp.plan import PLAIN_GSPMD, TARGET, cluster, load_model, plan
     from jaxsmp.plan.report import records, table, why
+    from jaxsmp.plan.workload import Workload
     try:
         config = load_model(args.model)
+        if args.preflight and args.preflight_backend == "gpu":
+            # compile the program a GPU runs under the trainer: jaxsmp's import adds its
+            # overlap flags only where JAX_PLATFORMS allows a GPU, and sizes the combine
+            # thresholds to 128 MiB where the trainer sizes them to the model's layer (a
+            # no-op once JAX has started; the pre-flight then says the flags are missing)
+            xla_flags.apply(Workload(config, args.seq_len).layer_bytes(args.precision),
+                            gpu=True)
         target = cluster(args.node, args.nodes)
         plans = plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch,
                      precision=args.precision, top=None, include_unfit=True,

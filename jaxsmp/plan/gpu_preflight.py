@@ -44,6 +44,7 @@ class GpuPreflight:
     fp8_gemms: int | None = None   # cuBLASLt FP8 GEMM calls in the program (precision="fp8")
     # compiled with the overlap flags jaxsmp gives XLA on GPU hosts (jaxsmp.xla_flags)
     gpu_flags: bool = True
+    combine_bytes: int | None = None   # their collective combine threshold
 
     @property
     def total(self) -> float:
@@ -76,7 +77,9 @@ class GpuPreflight:
         lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
                      f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
         lines.append(f"  model vs compiled peak: {self.error:+.1%}")
-        lines.append(FLAGS_SET if self.gpu_flags else FLAGS_MISSING)
+        lines.append(FLAGS_MISSING if not self.gpu_flags else FLAGS_SET + (
+            f"; collectives combined up to {self.combine_bytes:,} bytes"
+            if self.combine_bytes else ""))
         if self.fp8_gemms is not None:
             lines.append(f"  fp8: {self.fp8_gemms} cuBLASLt FP8 GEMM calls in the compiled "
                          f"program")
@@ -120,4 +123,4 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     fp8 = count_fp8_gemms(compiled.as_text()) if candidate.precision == "fp8" else None
     return GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
                         capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8,
-                        xla_flags.overlap_flags_set())
+                        xla_flags.overlap_flags_set(), xla_flags.combine_threshold())

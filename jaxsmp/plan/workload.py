@@ -151,6 +151,12 @@ class Workload:
         """Parameters of one stacked layer."""
         return sum(math.prod(p.shape[1:]) for p in self.params if p.stacked)
 
+    def layer_bytes(self, precision: str = "bf16") -> int:
+        """One stacked layer's parameters in ``precision``'s compute dtype: the size
+        jaxsmp's trainer and pre-flight give XLA's combine thresholds on GPUs, so that a
+        layer's gathers (and its gradients' reduce-scatters) run as one collective."""
+        return self.layer_params * (4 if precision == "fp32" else 2)
+
     @functools.cached_property
     def layer_matmul_params(self) -> int:
         """Matmul weights (kernels) of one layer: 2 FLOPs per token each, forward."""

@@ -80,7 +80,8 @@ def test_preflight_compiles_the_best_plan_for_the_nodes_gpus(capsys):
 @pytest.mark.slow
 def test_the_cli_preflight_compiles_with_jaxsmps_gpu_flags_even_under_jax_platforms_cpu():
     """JAX_PLATFORMS=cpu keeps jaxsmp's import from adding its GPU overlap flags; the
-    pre-flight adds them itself, so it compiles the program a GPU runs."""
+    pre-flight adds them itself, so it compiles the program a GPU runs, with the combine
+    thresholds the trainer gives it: one layer of the model."""
     require_gpu_compiler()
     from jaxsmp.plan.gpu_preflight import FLAGS_SET
     env = {k: v for k, v in os.environ.items() if not k.startswith("_JAXSMP")}
@@ -91,6 +92,10 @@ def test_the_cli_preflight_compiles_with_jaxsmps_gpu_flags_even_under_jax_platfo
          "1", "--preflight"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert FLAGS_SET in done.stdout and "model vs compiled peak" in done.stdout
+    from jaxsmp.models import preset
+    from jaxsmp.plan.workload import Workload
+    layer = Workload(preset("gpt_neox", "tiny"), 128).layer_bytes("bf16")
+    assert f"combined up to {layer:,} bytes" in done.stdout, done.stdout[-2000:]
 
 
 def test_preflight_names_a_gpu_without_a_target(capsys, monkeypatch):

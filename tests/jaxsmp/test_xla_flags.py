@@ -124,3 +124,10 @@ def test_overlap_flags_set_names_a_program_compiled_as_a_gpu_runs_it():
     assert not xla_flags.overlap_flags_set({"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
     one_missing = " ".join(f for f in every.split() if "double_buffering" not in f)
     assert not xla_flags.overlap_flags_set({"XLA_FLAGS": one_missing})
+
+
+def test_combine_threshold_reads_back_what_apply_set():
+    env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    assert xla_flags.combine_threshold(env) is None   # XLA's default
+    xla_flags.apply(396_544, env, gpu=True)
+    assert xla_flags.combine_threshold(env) == 396_544
