@@ -126,7 +126,8 @@ def test_overlap_flags_set_names_a_program_compiled_as_a_gpu_runs_it():
     assert not xla_flags.overlap_flags_set({"XLA_FLAGS": one_missing})
 
 
-def test_combine_threshold_reads_back_what_apply_set():
+def test_combine_threshold_reads_back_what_apply_set(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_backend_started", lambda: False)
     env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     assert xla_flags.combine_threshold(env) is None   # XLA's default
     xla_flags.apply(396_544, env, gpu=True)
