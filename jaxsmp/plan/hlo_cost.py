@@ -152,8 +152,12 @@ class _Coster:
         known = backend_config(i.attrs).get("known_trip_count", {}).get("n")
         if known is not None:
             return int(known)
-        condition = self.comps[callees(i.attrs, "condition")[0]]
-        bounds = [int(c.args) for c in condition if c.op == "constant" and c.args.isdigit()]
+        # the condition's constant bound, also inside a fusion it calls (XLA:GPU fuses
+        # the compare of a loop its collective pipeliner rotated, and drops the count)
+        names = callees(i.attrs, "condition")
+        names += [c for n in names for instr in self.comps[n] for c in callees(instr.attrs, "calls")]
+        bounds = [int(c.args) for n in names for c in self.comps[n]
+                  if c.op == "constant" and c.args.isdigit()]
         if not bounds:
             raise ValueError(f"while loop {i.name}: no known_trip_count and no constant "
                              f"bound in its condition")

@@ -56,6 +56,22 @@ def test_a_loop_body_counts_once_per_trip_known_or_read_from_its_condition():
                                              * 2 / 1e9))
 
 
+def test_a_condition_that_fuses_its_compare_gives_the_bound_inside_the_fusion():
+    """XLA:GPU's collective pipeliner (its loop double buffering off) leaves a rotated
+    loop without ``known_trip_count``, its compare fused; the pre-flight failed on it."""
+    fused = MODULE.replace("""  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%j, %n), direction=LT
+}""", """  ROOT %lt = pred[] fusion(%j), kind=kLoop, calls=%fused_compare
+}
+
+%fused_compare (v: s32[]) -> pred[] {
+  %v = s32[] parameter(0)
+  %n = s32[] constant(4)
+  ROOT %c = pred[] compare(%v, %n), direction=LT
+}""")
+    assert estimate(fused, RATES).matmul_flops == (3 + 4) * 2 * 64 * 32 * 128
+
+
 def test_each_memory_kernel_is_listed_with_its_bytes_times_its_trips():
     k = estimate(MODULE, RATES)
     sliced = (1024 + 1 + 1024) * 4   # the slice read, its s32 index, its result written
