@@ -20,7 +20,7 @@ from flax import nnx
 from jaxsmp.checks import positive_int
 from jaxsmp.pipeline.fused_ticks import FusedOneFOneB
 from jaxsmp.pipeline.layout import StageLayout, check_counts, equal_counts
-from jaxsmp.pipeline.microbatch import split_microbatches
+from jaxsmp.pipeline.microbatch import one_at_a_time, split_microbatches
 from jaxsmp.pipeline.one_f_one_b import OneFOneB
 from jaxsmp.pipeline.runner import StageRunner
 from jaxsmp.pipeline.schedule import SCHEDULES, check_microbatches
@@ -117,6 +117,9 @@ class PipelinePlan:
         m = 1 if runner else self.microbatches  # a pipeline splits inside the stack
 
         def micro(acc, mbatch):
+            if m > 1:   # accumulation (a pipeline's one call runs its own schedule)
+                acc, mbatch = one_at_a_time(acc, mbatch)
+
             def scaled_loss(p):
                 loss, metrics = forward(p, mbatch, runner)
                 return loss * coef / m, (loss, metrics)

@@ -111,11 +111,12 @@ def roll_histories(params: nnx.State, grads: nnx.State) -> nnx.State:
 def microbatch_gradients(plan, forward, params: nnx.State, batch: Any, coef, **kw):
     """``plan.gradients`` one microbatch at a time (``pp == 1``): parameter gradients
     summed, amax observations combined with a maximum (a sum would add them)."""
-    from jaxsmp.pipeline.microbatch import split_microbatches
+    from jaxsmp.pipeline.microbatch import one_at_a_time, split_microbatches
     m = plan.microbatches
     one = dataclasses.replace(plan, microbatches=1)
 
     def micro(acc, mbatch):
+        acc, mbatch = one_at_a_time(acc, mbatch)
         grads, loss, metrics = one.gradients(forward, params, mbatch, coef / m, **kw)
         combine = lambda a, g: a.replace(jnp.maximum(a[...], g[...]) if is_meta(a)
                                          else a[...] + g[...])
