@@ -25,7 +25,7 @@ KNOWN_MISSES = {
         "0.71 (the slowest traced attention, cuDNN's in Llama's step); BLOOM's Pallas "
         "kernel traced at 0.90 x that share",
     ("training: bloom 1b7 (24 of 24 layers) seq 4096 jaxsmp", H100):
-        "-13.6%: the same, with more of the step in attention at 4096 tokens",
+        "-13.7%: the same, with more of the step in attention at 4096 tokens",
     ("fp8: gpt_neox 1.3b fp8", H200):
         "+10.3%: the H200's 1.43x HBM bandwidth speeds fp8's quantisation traffic in the "
         "model; measured, its fp8 step is 2.4% faster than the H100's (-4.8% there)",
@@ -84,12 +84,12 @@ def test_a_layers_memory_bound_work_per_remat_policy_is_as_the_docs_say(bench):
     """docs/planner.md ("Memory-bound work as the trace shows it"): per layer of
     GPT-NeoX 1.3b at 8 x 2048 tokens on one H100, compiled 4.56 ms with remat none and
     3.70 with full (recomputing adds no memory-bound pass; keeping the residuals copies
-    them), planned 3.62 and 2.91."""
+    them), planned 3.63 and 2.93."""
     require_gpu_compiler()
     (none, planned_none), (full, planned_full) = map(bench.layer_memory, ("none", "full"))
     assert none * 1e3 == pytest.approx(4.56, rel=0.03)
     assert full * 1e3 == pytest.approx(3.70, rel=0.03)
-    assert (planned_none * 1e3, planned_full * 1e3) == pytest.approx((3.62, 2.91), abs=0.006)
+    assert (planned_none * 1e3, planned_full * 1e3) == pytest.approx((3.63, 2.93), abs=0.006)
 
 
 def test_the_planners_kernel_rates_are_the_slowest_traced_rows(bench):
