@@ -109,12 +109,17 @@ def step_compiler_options(devices: int, env: Mapping[str, str] | None = None) ->
     return {}
 
 
+def _values(env: Mapping[str, str] | None) -> dict[str, str]:
+    """``XLA_FLAGS`` (default ``os.environ``'s) as {flag name: value}."""
+    env = os.environ if env is None else env
+    return dict(f.split("=", 1) for f in env.get("XLA_FLAGS", "").split() if "=" in f)
+
+
 def pipelines_collectives(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``XLA_FLAGS`` (default ``os.environ``'s) switch on XLA:GPU's pipelined
     all-gather and reduce-scatter: XLA then issues a loop's next-iteration gather and
     finishes its reduce-scatter beside the compute itself."""
-    env = os.environ if env is None else env
-    flags = dict(f.split("=", 1) for f in env.get("XLA_FLAGS", "").split() if "=" in f)
+    flags = _values(env)
     return all(flags.get(name, "").lower() in ("true", "1") for name in PIPELINED)
 
 
@@ -131,9 +136,7 @@ def overlap_flags_set(env: Mapping[str, str] | None = None) -> bool:
 def combine_threshold(env: Mapping[str, str] | None = None) -> int | None:
     """The all-gather combine threshold ``XLA_FLAGS`` (default ``os.environ``'s) sets, in
     bytes; ``None`` if it sets none (XLA's default)."""
-    env = os.environ if env is None else env
-    flags = dict(f.split("=", 1) for f in env.get("XLA_FLAGS", "").split() if "=" in f)
-    value = flags.get(_COMBINE[0])
+    value = _values(env).get(_COMBINE[0])
     return int(value) if value is not None else None
 
 

@@ -53,7 +53,6 @@ COLLECTIVES = {"all-gather", "reduce-scatter", "all-reduce", "collective-permute
                "all-to-all", "send", "recv"}
 
 
-
 @dataclass(frozen=True)
 class Collective:
     """One collective kind on one replica group shape: ``nbytes`` per device (all-gather:
@@ -155,7 +154,7 @@ class _Coster:
         # the condition's constant bound, also inside a fusion it calls (XLA:GPU fuses
         # the compare of a loop its collective pipeliner rotated, and drops the count)
         names = callees(i.attrs, "condition")
-        names += [c for n in names for instr in self.comps[n] for c in callees(instr.attrs, "calls")]
+        names += [c for n in names for j in self.comps[n] for c in callees(j.attrs, "calls")]
         bounds = [int(c.args) for n in names for c in self.comps[n]
                   if c.op == "constant" and c.args.isdigit()]
         if not bounds:

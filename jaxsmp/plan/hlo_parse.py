@@ -2,7 +2,8 @@
 
 One :class:`Instr` per ``%name = shape op(operands), attrs`` line of each computation;
 an asynchronous ``fusion-start`` read as the fusion it runs (:func:`as_fusion`), backend
-configs as JSON (:func:`backend_config`), a collective's first replica group as (size, stride).
+configs as JSON (:func:`backend_config`), a collective's first replica group as (size,
+stride).
 """
 from __future__ import annotations
 
