@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxsmp.losses import next_token_loss
 from jaxsmp.nn.norm import rms_norm
+from jaxsmp.plan import gpu_target
 
 REMAT = {"full": jax.checkpoint_policies.nothing_saveable,
          "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -180,5 +181,11 @@ def compile_step(devices, mesh_shape: dict, w: Width, seq: int, batch: int,
 
     jitted = jax.jit(step, in_shardings=(param_sh, opt_sh, sh(P("fsdp", None))),
                      out_shardings=(param_sh, opt_sh, sh(P())), donate_argnums=(0, 1))
+    # XLA's memory limit as a run has it, as jaxsmp's deviceless steps compile
+    placed = lambda tree, shardings: jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+    arguments = gpu_target.argument_bytes(placed(abstract, param_sh), placed(opt_abs, opt_sh),
+                                          placed(tokens, sh(P("fsdp", None))))
     with jax.set_mesh(mesh):
-        return jitted.lower(abstract, opt_abs, tokens).compile()
+        return jitted.lower(abstract, opt_abs, tokens).compile(
+            gpu_target.memory_limit_options(gpu_target.gpu_of(devices), arguments))

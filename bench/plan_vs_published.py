@@ -46,7 +46,7 @@ from jaxsmp.plan import evaluate, plan
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET
 from jaxsmp.plan.hardware import GiB
-from jaxsmp.plan.memory import capacity, estimate_memory
+from jaxsmp.plan.memory import capacity, estimate_memory, fits
 from jaxsmp.plan.search import _workload
 from jaxsmp.plan.workload import Workload
 
@@ -83,15 +83,16 @@ def _priced(run: Run) -> tuple[Workload, object]:
     return _PRICED[run.name]
 
 
-def jaxsmp_memory(run: Run) -> tuple[float, float]:
+def jaxsmp_memory(run: Run) -> tuple[float, float, bool]:
     """(GiB per GPU the planner gives jaxsmp's step in the run's published configuration,
-    GiB XLA may allocate there): where the first is larger, jaxsmp would not run the
-    configuration as published (its pre-flight would ask for remat or a smaller
-    microbatch), and the row compares the time model alone."""
+    GiB XLA may allocate there, whether it fits, XLA's limit on temporaries included):
+    where it does not, jaxsmp would not run the configuration as published (its
+    pre-flight would ask for remat or a smaller microbatch), and the row compares the
+    time model alone."""
     w, semantics = _priced(run)
     memory = estimate_memory(w, run.candidate, semantics)
-    gpu = _cluster(run.node, run.nodes).node.gpu
-    return memory.total / GiB, capacity(gpu.memory_bytes) / GiB
+    usable = capacity(_cluster(run.node, run.nodes).node.gpu.memory_bytes)
+    return memory.total / GiB, usable / GiB, fits(memory, usable)
 
 
 def error(run: Run, fitted: Fitted = FITTED, eager: float = EAGER) -> float:
@@ -164,9 +165,9 @@ def table(fitted: Fitted, eager: float = EAGER) -> dict:
         err = tokens / run.tokens_per_gpu - 1
         memory = "the planner's choice"
         if run.candidate:
-            used, of = jaxsmp_memory(run)
-            memory = f"{used:.0f} ({of:.0f})" + " too much" * (used > of)
-            unfit += [run.name] * (used > of)
+            used, of, fit = jaxsmp_memory(run)
+            memory = f"{used:.0f} ({of:.0f})" + " too much" * (not fit)
+            unfit += [run.name] * (not fit)
         print(f"| {run.name} | {kind(run)} | {run.nodes} x {run.node} | {label} | "
               f"{run.tokens_per_gpu:,.0f} ({run.tokens_per_gpu * per_token:.0f}) | "
               f"{tokens:,.0f} ({tokens * per_token:.0f}) | {err:+.1%} | {memory} |")
@@ -175,7 +176,8 @@ def table(fitted: Fitted, eager: float = EAGER) -> dict:
           f"eager stacks at {eager}")
     compared = sum(1 for r in result["rows"] if r.candidate)
     print(f"{len(unfit)} of {compared} published configurations need more memory in jaxsmp's "
-          "step than XLA may allocate (the planner's estimate): jaxsmp would run them with "
+          "step than XLA may allocate, or more temporaries than it plans within (the planner's "
+          "estimate): jaxsmp would run them with "
           "remat or a smaller microbatch; their rows compare the time model alone\n")
     print("| series | nodes | published trend | predicted trend | same sign | "
           "difference (points) |")

@@ -1,4 +1,4 @@
-"""XLA's collective/compute overlap on GPUs, switched on for the installed jaxlib.
+"""XLA's collective/compute overlap and memory on GPUs, set for the installed jaxlib.
 
 On import, when a CUDA plugin is installed and JAX's backend has not started, jaxsmp adds
 to ``XLA_FLAGS`` the flags below that the user did not set: the latency-hiding scheduler
@@ -14,6 +14,12 @@ only jaxlib versions in :data:`TESTED` get flags (each set is started in a subpr
 venvs as CONTRIBUTING.md says); others get none and a warning. Turn it off with
 ``JAXSMP_XLA_FLAGS=0``; a flag already in ``XLA_FLAGS`` is left as the user set it.
 A one-device step compiles without the loop double buffering (:func:`step_compiler_options`).
+
+Memory: with the flags, jaxsmp lets XLA allocate :data:`MEM_FRACTION` of each GPU
+(``XLA_PYTHON_CLIENT_MEM_FRACTION``, JAX's default 0.75, unless the user set it), the
+fraction ``jaxsmp.plan`` plans against (:func:`mem_fraction`). JAX compiles against that
+allocator limit: XLA keeps a step's temporaries within :data:`XLA_SLOP` of what it leaves
+beside the arguments, and above that recomputes (rematerializes) to stay within it.
 """
 from __future__ import annotations
 
@@ -23,6 +29,15 @@ from collections.abc import Mapping, MutableMapping
 from importlib.util import find_spec
 
 OPT_OUT = "JAXSMP_XLA_FLAGS"
+MEM_FRACTION_VAR = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+MEM_FRACTION = 0.95       # of each GPU's memory for XLA's allocator, jaxsmp's default
+JAX_MEM_FRACTION = 0.75   # JAX's default, where jaxsmp is opted out
+# XLA:GPU's memory limit for a step's temporaries: (allocator limit - arguments) times
+# xla_gpu_memory_limit_slop_factor (95) / 100 (gpu_hlo_schedule.cc GetSchedulerMemoryLimit;
+# JAX compiles with the allocator's limit as the device memory size). Deviceless, XLA
+# takes 80% of the target's memory instead (DEVICELESS_BASE).
+XLA_SLOP = 0.95
+DEVICELESS_BASE = 0.80
 DEFAULT_LAYER_BYTES = 128 * 2**20   # a 1.3B-class layer in bf16; the CLI uses the model's
 
 _OVERLAP = ("--xla_gpu_enable_latency_hiding_scheduler=true",
@@ -79,10 +94,12 @@ def apply(layer_bytes: int = DEFAULT_LAYER_BYTES,
           env: MutableMapping[str, str] | None = None, *, gpu: bool | None = None) -> list[str]:
     """Add the overlap flags to ``env['XLA_FLAGS']`` (default ``os.environ``) when on a
     GPU (a CUDA plugin installed; ``gpu`` overrides), not opted out, and the backend not
-    started. Flags jaxsmp set earlier in this process are resized; returns those added."""
+    started, and :data:`MEM_FRACTION` unless the user set one. Flags jaxsmp set earlier
+    in this process are resized; returns those added."""
     env = os.environ if env is None else env
     if not wanted(env, gpu) or _backend_started():
         return []
+    env.setdefault(MEM_FRACTION_VAR, str(MEM_FRACTION))
     ours = env.get("_JAXSMP_XLA_FLAGS", "").split()
     current = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in ours)
     flags = overlap_flags(layer_bytes)
@@ -138,6 +155,24 @@ def combine_threshold(env: Mapping[str, str] | None = None) -> int | None:
     bytes; ``None`` if it sets none (XLA's default)."""
     value = _values(env).get(_COMBINE[0])
     return int(value) if value is not None else None
+
+
+def mem_fraction(env: Mapping[str, str] | None = None) -> float:
+    """The fraction of each GPU's memory XLA may allocate in a run started with ``env``
+    (default ``os.environ``): the user's ``XLA_PYTHON_CLIENT_MEM_FRACTION``, else
+    :data:`MEM_FRACTION` (which :func:`apply` sets), or JAX's 0.75 if opted out."""
+    env = os.environ if env is None else env
+    value = env.get(MEM_FRACTION_VAR)
+    if value is None:
+        return MEM_FRACTION if wanted(env, gpu=True) else JAX_MEM_FRACTION
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = float("nan")
+    if not 0 < fraction <= 1:
+        raise ValueError(f"{MEM_FRACTION_VAR}={value!r}: use a fraction in (0, 1], e.g. "
+                         f"{MEM_FRACTION}")
+    return fraction
 
 
 def wanted(env: Mapping[str, str] | None = None, gpu: bool | None = None) -> bool:

@@ -55,7 +55,9 @@ XLA:GPU, 1.5 on XLA:CPU; ``memory.NONE_WORKING``, 0.85, without remat, for the
 gradients). Pipelines hold ``m*v + p - 1`` microbatch-chunks (jaxsmp's SPMD GPipe runner saves every tick) or, for 1F1B, the
 simulator's peak of stage inputs. A stated 1.5 GiB per GPU goes to the CUDA context,
 library workspaces, NCCL buffers and fragmentation, and XLA may use 95% of HBM
-(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``; JAX's default is 0.75).
+(``XLA_PYTHON_CLIENT_MEM_FRACTION=0.95``, which jaxsmp sets on GPU hosts; JAX's default is
+0.75: the planner follows the fraction set, ``jaxsmp.xla_flags.mem_fraction``), the
+temporaries within 95% of what is left beside the arguments (XLA recomputes above it).
 
 Mixture of experts (``moe.py``): the experts' GEMMs are priced as XLA:GPU compiles
 ``ragged_dot`` (jax 0.10.2, docs/moe.md): one masked GEMM per expert matrix over every

@@ -6,7 +6,8 @@ topology of ``hosts x 8`` abstract GPUs costs the compiler about what 8 do (the 
 one scan, so depth costs little too). XLA's per-device arguments, temporaries and host
 memory are printed beside the memory model's prediction for the GPU and the GPU's
 capacity; a deviceless compile never runs out of memory by itself, so "does not fit"
-is stated when the compiled total exceeds the capacity.
+is stated when the compiled total exceeds the capacity, or its temporaries XLA's limit
+(:func:`jaxsmp.plan.memory.temporaries_limit`; XLA then recomputed to stay near it).
 """
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ from jaxsmp.plan.compiled import CompiledMemory, GiB, compile_candidate, memory_
 from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
 from jaxsmp.plan.gpu_target import count_fp8_gemms
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.plan.memory import FRAMEWORK_BYTES, MemoryBreakdown, capacity, estimate_memory
+from jaxsmp.plan.memory import (
+    FRAMEWORK_BYTES,
+    MemoryBreakdown,
+    capacity,
+    estimate_memory,
+    temporaries_limit,
+)
 from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
 
@@ -53,8 +60,13 @@ class GpuPreflight:
         return self.compiled.peak + FRAMEWORK_BYTES
 
     @property
+    def temporaries_limit(self) -> float:
+        """What XLA plans the temporaries within, beside the compiled arguments."""
+        return temporaries_limit(self.capacity, self.compiled.arguments)
+
+    @property
     def fits(self) -> bool:
-        return self.total <= self.capacity
+        return self.total <= self.capacity and self.compiled.temporaries <= self.temporaries_limit
 
     @property
     def error(self) -> float:
@@ -75,7 +87,9 @@ class GpuPreflight:
                   for name, a, b in rows]
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  with {FRAMEWORK_BYTES / GiB:.1f} GiB for CUDA/NCCL: "
-                     f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable: {verdict}")
+                     f"{self.total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable, "
+                     f"temporaries {c.temporaries / GiB:.2f} of the "
+                     f"{self.temporaries_limit / GiB:.2f} XLA plans them within: {verdict}")
         lines.append(f"  model vs compiled peak: {self.error:+.1%}")
         lines.append(FLAGS_MISSING if not self.gpu_flags else FLAGS_SET + (
             f"; collectives combined up to {self.combine_bytes:,} bytes"

@@ -14,6 +14,11 @@ what memory it needs, not how fast it runs.
     mesh = jaxsmp.Mesh(sdp=4, tp=2, devices=devices)
     compiled = gpu_target.compile_step(step, state, batch, mesh)   # abstract state, batch
 
+A GPU run compiles against its allocator's limit (``XLA_PYTHON_CLIENT_MEM_FRACTION`` of
+the GPU, :func:`jaxsmp.xla_flags.mem_fraction`), a deviceless compile against 80% of the
+target's memory; :func:`compile_step` sets XLA's slop factor so that both plan the step's
+temporaries within the same limit (:func:`memory_limit_options`).
+
 Two questions JAX asks the local machine while tracing get the target's answer inside
 :func:`compiling_for`: the cuDNN version and compute capability (cuDNN attention), and
 from JAX 0.11 on the Triton target GPU (Pallas), which the abstract mesh answers.
@@ -28,7 +33,9 @@ from importlib import resources
 from typing import Any
 
 import jax
+import numpy as np
 
+from jaxsmp import xla_flags
 from jaxsmp.checks import positive_int
 
 # The CUDA runtime the compiles assume (the configs describe devices, not toolkits):
@@ -92,8 +99,10 @@ def compiling_for(gpu: str) -> Iterator[None]:
 
 
 def gpu_of(mesh: Any) -> str:
-    """The :data:`TARGETS` key of the GPU a ``jaxsmp.Mesh`` of topology devices is on."""
-    kind = mesh.jax_mesh.devices.flat[0].device_kind
+    """The :data:`TARGETS` key of the GPU a ``jaxsmp.Mesh``, JAX mesh or list of
+    :func:`topology` devices is on."""
+    devices = getattr(getattr(mesh, "jax_mesh", mesh), "devices", mesh)
+    kind = np.asarray(devices).flat[0].device_kind
     for gpu in TARGETS:
         if _description(gpu) == kind:
             return gpu
@@ -119,11 +128,46 @@ def gemms_per_computation(hlo_text: str) -> list[collections.Counter]:
     return [c for c in found if c]
 
 
+def device_memory(gpu: str) -> int:
+    """The memory of ``gpu`` in its target config, in bytes."""
+    return int(re.search(r"device_memory_size:\s*(\d+)", target_config(gpu)).group(1))
+
+
+def argument_bytes(*trees: Any) -> int:
+    """Per-device bytes of the (abstract) arrays in ``trees``: their shards where they
+    carry a sharding, else whole."""
+    total = 0
+    for leaf in jax.tree.leaves(trees):
+        sharding = getattr(leaf, "sharding", None)
+        shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+        total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def memory_limit_options(gpu: str, arguments: int) -> dict:
+    """XLA's slop factor for a deviceless compile of a step with ``arguments`` bytes per
+    device, so that it plans the temporaries within the limit a run on ``gpu`` gives
+    them: ``XLA_SLOP x (fraction x memory - arguments)``, where deviceless XLA takes 80%
+    of the memory instead of the allocator's fraction. ``{}`` if the arguments alone
+    exceed those 80%."""
+    memory = device_memory(gpu)
+    run = xla_flags.mem_fraction() * memory - arguments
+    deviceless = xla_flags.DEVICELESS_BASE * memory - arguments
+    if deviceless <= 0 or run <= 0:
+        return {}
+    slop = round(100 * xla_flags.XLA_SLOP * run / deviceless)
+    return {"xla_gpu_memory_limit_slop_factor": slop}
+
+
 def compile_step(step: Any, state: Any, batch: Any, mesh: Any,
                  compiler_options: dict | None = None):
     """``step`` (a ``jaxsmp.step``) compiled by XLA:GPU for ``mesh`` (a ``jaxsmp.Mesh``
     of :func:`topology` devices) from abstract ``state`` and ``batch``, as calling it
-    compiles it (with its precision's XLA options); ``compiler_options``: more, on top
-    of the step's own, for a comparison (bf16 compiled as fp8 is, say)."""
-    with compiling_for(gpu_of(mesh)), jax.set_mesh(mesh.jax_mesh):
-        return step.lower(state, batch).compile(compiler_options)
+    compiles it (with its precision's XLA options, and XLA's memory limit as a run has
+    it: :func:`memory_limit_options`); ``compiler_options``: more, on top of the step's
+    own, for a comparison (bf16 compiled as fp8 is, say)."""
+    gpu = gpu_of(mesh)
+    options = {**memory_limit_options(gpu, argument_bytes(state, batch)),
+               **(compiler_options or {})}
+    with compiling_for(gpu), jax.set_mesh(mesh.jax_mesh):
+        return step.lower(state, batch).compile(options)

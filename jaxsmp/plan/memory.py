@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from jaxsmp import xla_flags
 from jaxsmp.context.ring import tile_size as ring_tile
 from jaxsmp.nn.fp8 import DEFAULT_HISTORY, ROWS
 from jaxsmp.plan import moe
@@ -22,9 +23,6 @@ GiB = 1 << 30
 # Memory the step's buffers cannot use: CUDA context, cuBLAS/cuDNN workspaces, NCCL
 # channel buffers and allocator fragmentation (an allowance, stated rather than measured).
 FRAMEWORK_BYTES = 1.5 * GiB
-# Fraction of HBM XLA may allocate: the planner assumes XLA_PYTHON_CLIENT_MEM_FRACTION=0.95
-# (JAX's default is 0.75).
-USABLE_FRACTION = 0.95
 # Blockwise attention's tile size on CPU (pallas_kernels.attention.DEFAULT_BLOCKS).
 _CPU_BLOCK = 512
 OPTIMIZER_BYTES_PER_PARAM = 8   # AdamW: float32 mu and nu
@@ -251,5 +249,21 @@ def _attention_tiles(w: Workload, c: Candidate, tp: int, backend: str) -> float:
 
 
 def capacity(memory_bytes: float) -> float:
-    """What XLA may allocate on a device of ``memory_bytes``."""
-    return USABLE_FRACTION * memory_bytes
+    """What XLA may allocate on a device of ``memory_bytes``: the fraction a run started
+    here gets (``jaxsmp.xla_flags.mem_fraction``: 0.95, or the user's
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``)."""
+    return xla_flags.mem_fraction() * memory_bytes
+
+
+def temporaries_limit(capacity_bytes: float, arguments: float) -> float:
+    """The temporaries XLA:GPU plans a step within, on a device whose allocator holds
+    ``capacity_bytes``, beside ``arguments`` (the donated state and batch): above it XLA
+    recomputes to stay within it, and the step runs slower than planned."""
+    return xla_flags.XLA_SLOP * max(capacity_bytes - arguments, 0.0)
+
+
+def fits(m: MemoryBreakdown, capacity_bytes: float) -> bool:
+    """Whether a step of breakdown ``m`` runs as planned on a device whose allocator
+    holds ``capacity_bytes``: its total within it, its temporaries within XLA's limit."""
+    return bool(m.total <= capacity_bytes
+                and m.temporaries <= temporaries_limit(capacity_bytes, m.arguments))

@@ -54,6 +54,17 @@ def _reduction(c) -> str:
     return f"gradients reduced in {c.reduced}{default}"
 
 
+def _need(p: Plan) -> str:
+    """What a plan needs per GPU, against the limit it misses or the capacity."""
+    m = p.memory
+    if m.total <= p.capacity and not p.within_xla_limit:
+        return (f"{m.temporaries / GiB:.1f} GiB of temporaries per GPU beside "
+                f"{m.arguments / GiB:.1f} of state (peak at the {m.phase} pass), above "
+                f"the {p.temporaries_limit / GiB:.1f} XLA plans them within (it would recompute)")
+    return (f"{m.total / GiB:.1f} GiB per GPU (peak at the {m.phase} pass) of "
+            f"{p.capacity / GiB:.1f}")
+
+
 def _best(plans: Sequence[Plan], keep: Callable[[Plan], bool]) -> Plan | None:
     return next((p for p in plans if p.fits and keep(p)), None)
 
@@ -65,8 +76,7 @@ def why(plans: Sequence[Plan]) -> str:
     if best is None:
         smallest = min(plans, key=lambda p: p.memory.total)
         return (f"No configuration fits: the smallest, {smallest.candidate.label()}, needs "
-                f"{smallest.memory.total / GiB:.1f} GiB per GPU of {smallest.capacity / GiB:.1f}."
-                f" Use more nodes, GPUs with more memory, or a shorter sequence.")
+                f"{_need(smallest)}. Use more nodes, GPUs with more memory, or a shorter sequence.")
     b = best.candidate
     lines = [f"#1 {_label(best)}: {best.throughput.step_seconds:.2f} s per step "
              f"({_shares(best)}), {best.memory.total / GiB:.1f} of "
@@ -94,8 +104,7 @@ def why(plans: Sequence[Plan]) -> str:
     if faster:
         top = min(faster, key=lambda p: p.throughput.step_seconds)
         lines.append(f"faster but does not fit: {top.candidate.label()} would need "
-                     f"{top.memory.total / GiB:.1f} GiB per GPU (peak at the "
-                     f"{top.memory.phase} pass) of {top.capacity / GiB:.1f}.")
+                     f"{_need(top)}.")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from jaxsmp.pipeline.schedule import SCHEDULES
 from jaxsmp.plan.calibration import FITTED, Fitted
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.hardware import Cluster
-from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory
+from jaxsmp.plan.memory import MemoryBreakdown, capacity, estimate_memory, fits, temporaries_limit
 from jaxsmp.plan.rates import Throughput, throughput
 from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
@@ -40,13 +40,25 @@ class Plan:
     capacity: float
 
     @property
+    def temporaries_limit(self) -> float:
+        """What XLA plans the step's temporaries within (:func:`temporaries_limit`)."""
+        return temporaries_limit(self.capacity, self.memory.arguments)
+
+    @property
+    def within_xla_limit(self) -> bool:
+        return bool(self.memory.temporaries <= self.temporaries_limit)
+
+    @property
     def fits(self) -> bool:
-        return bool(self.memory.total <= self.capacity)
+        """In the allocator's memory, and its temporaries within XLA's limit (above it
+        XLA recomputes and the step is not the one planned)."""
+        return fits(self.memory, self.capacity)
 
     def as_dict(self) -> dict:
         c, t = self.candidate, self.throughput
         return {**c.as_dict(), "memory_gib_per_gpu": self.memory.total / GiB,
                 "capacity_gib_per_gpu": self.capacity / GiB,
+                "xla_temporaries_limit_gib_per_gpu": self.temporaries_limit / GiB,
                 "memory_breakdown_gib": self.memory.as_gib(), "memory_peak_at": self.memory.phase,
                 "pipeline_partition": list(self.time.stages),
                 "pipeline_head": "spread" if self.time.spread_head else "last",

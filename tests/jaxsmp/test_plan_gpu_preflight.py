@@ -1,6 +1,7 @@
 """Pre-flight with XLA:GPU: the plan's step compiled for its GPUs on this host at full
 size, its memory beside the model's and the GPU's capacity."""
 import os
+import re
 import subprocess
 import sys
 
@@ -78,8 +79,11 @@ xla_flags.apply(Workload(preset("gpt_neox", "13b"), 2048).layer_bytes(), gpu=Tru
 from jaxsmp.plan import Candidate, gpu_preflight
 r = gpu_preflight("gpt_neox:13b", Candidate(1, 128, 1, 1, 4, 2, "save_matmuls", "bf16"),
                   2048, "A100-40GB")
-print("RESULT", r.error, r.gpu_flags, r.compiled.peak / 2**30)
+print("RESULT", r.error, r.gpu_flags, r.compiled.peak / 2**30,
+      r.temporaries_limit + r.compiled.outputs)
 """
+# XLA's rematerialization, where it cannot reach its limit, logs it (plus the outputs)
+XLA_LIMIT = re.compile(r"Can't reduce memory use below [\d.]+GiB \((\d+) bytes\)")
 
 
 @pytest.mark.slow
@@ -88,15 +92,25 @@ def test_the_memory_model_of_an_accumulated_remat_step_as_a_gpu_compiles_it(flag
     """docs/planner.md's example: the planner's first plan for GPT-NeoX 13b on 16 p4d
     (sdp=128, 4 sequences x 2 microbatches, remat save_matmuls), compiled in a fresh
     process as a GPU compiles it (jaxsmp's flags set before JAX starts) and with them
-    off. Measured (jax 0.10.2): 30.50 GiB with the flags, 30.13 without; the model's
+    off. Measured (jax 0.10.2): 30.80 GiB with the flags, 30.13 without; the model's
     30.86. Without the barrier between microbatches (``one_at_a_time``) XLA ran the
     next microbatch's forward beside the last one's backward: 48.03 GiB with the flags
-    (-35.7%: the check fails on it)."""
+    (-35.7%: the check fails on it).
+
+    With the flags XLA recomputes to stay within its memory limit, and logs the limit:
+    the one a run gives it (0.95 x (0.95 x 40 GiB - arguments), 36.01 GiB with the
+    outputs), not the deviceless 80% base (30.46 GiB: the check fails on it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("_JAXSMP")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", JAXSMP_XLA_FLAGS=flags)
+    # both with the memory jaxsmp gives XLA (opted out, a run would get JAX's 0.75)
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", JAXSMP_XLA_FLAGS=flags,
+               XLA_PYTHON_CLIENT_MEM_FRACTION="0.95")
     done = subprocess.run([sys.executable, "-c", ACCUMULATED], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    error, gpu_flags, peak = done.stdout.split("RESULT")[1].split()
+    error, gpu_flags, peak, limit = done.stdout.split("RESULT")[1].split()
     assert gpu_flags == str(flags == "1")
+    if flags == "1":
+        logged = XLA_LIMIT.search(done.stderr)
+        assert logged, done.stderr[-3000:]
+        assert int(logged.group(1)) == pytest.approx(float(limit), rel=0.01)
     assert abs(float(error)) < 0.10, f"model {float(error):+.1%} of the compiled {peak} GiB"

@@ -8,7 +8,16 @@ import pytest
 import jaxsmp
 from jaxsmp.plan import COMPILED, PLAIN_GSPMD, TARGET, Candidate, Semantics, Workload
 from jaxsmp.plan.compiled import compile_candidate, compile_memory
-from jaxsmp.plan.memory import GiB, capacity, estimate_memory, pipeline_inflight
+from jaxsmp.plan.gpu_target import memory_limit_options
+from jaxsmp.plan.memory import (
+    GiB,
+    MemoryBreakdown,
+    capacity,
+    estimate_memory,
+    fits,
+    pipeline_inflight,
+    temporaries_limit,
+)
 
 # W0-like: 4 layers, d=256, 4 heads, MLP 1024, vocab 1024, seq 128, global batch 16.
 # Blockwise attention keeps what the GPU's fused kernels keep, which the model predicts
@@ -133,10 +142,46 @@ def test_gradient_accumulation_adds_a_float32_accumulator():
         candidate().mesh_shape).local)
 
 
-def test_capacity_leaves_xla_95_percent_and_the_gpu_total_adds_the_framework_allowance():
+def test_capacity_leaves_xla_95_percent_and_the_gpu_total_adds_the_framework_allowance(
+        monkeypatch):
     m = estimate_memory(WORKLOAD, candidate(remat="full"))
     assert m.total == pytest.approx(m.peak + 1.5 * GiB)
-    assert capacity(80 * GiB) == pytest.approx(76 * GiB)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert capacity(80 * GiB) == pytest.approx(76 * GiB)   # what jaxsmp gives XLA
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.8")   # the user's, which wins
+    assert capacity(80 * GiB) == pytest.approx(64 * GiB)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    monkeypatch.setenv("JAXSMP_XLA_FLAGS", "0")   # opted out: JAX's default
+    assert capacity(80 * GiB) == pytest.approx(60 * GiB)
+
+
+def _breakdown(state_gib: float, temporaries_gib: float) -> MemoryBreakdown:
+    return MemoryBreakdown(params=state_gib * GiB, optimizer=0, batch=0, grads=0, gathered=0,
+                           activations=temporaries_gib * GiB, working=0, logits=0,
+                           framework=1.5 * GiB)
+
+
+def test_temporaries_above_xla_s_limit_do_not_fit_though_the_total_does():
+    """XLA plans temporaries within 95% of what the allocator leaves beside the
+    arguments (76 GiB - 10 of state: 62.7 GiB), and recomputes above it."""
+    assert temporaries_limit(76 * GiB, 10 * GiB) == pytest.approx(0.95 * 66 * GiB)
+    assert fits(_breakdown(10, 62.5), 76 * GiB)
+    above = _breakdown(10, 63.5)
+    assert above.total <= 76 * GiB and not fits(above, 76 * GiB)
+    assert not fits(_breakdown(10, 65.0), 76 * GiB)   # nor does a total above capacity
+
+
+def test_a_deviceless_compile_plans_temporaries_within_the_limit_a_run_gives_them(monkeypatch):
+    """A run's XLA takes its allocator's limit (0.95 x 40 GiB on an A100-40GB) as its
+    base, a deviceless one 80% of the target's memory: the slop factor makes up the
+    difference, (38 - 2) / (32 - 2) x 95 for 2 GiB of arguments."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert memory_limit_options("A100-40GB", 2 * GiB) == {
+        "xla_gpu_memory_limit_slop_factor": 114}
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75")
+    assert memory_limit_options("A100-40GB", 2 * GiB) == {
+        "xla_gpu_memory_limit_slop_factor": 89}   # 95 x 28 / 30
+    assert memory_limit_options("A100-40GB", 33 * GiB) == {}   # above the deviceless base
 
 
 def test_a_layer_keeps_what_the_compiled_steps_forward_loop_stacks():

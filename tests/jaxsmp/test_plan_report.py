@@ -48,3 +48,19 @@ def test_records_keep_the_plans_order():
     ranked = plans()[:4]
     assert [r["step_seconds"] for r in records(ranked)] == [
         p.throughput.step_seconds for p in ranked]
+
+
+def test_a_plan_whose_temporaries_xla_would_recompute_does_not_fit():
+    """On one p5 node, GPT-NeoX 1.3b plans whose total fits in the allocator but whose
+    temporaries exceed XLA's limit (it would recompute them) are not counted as fitting,
+    and the reason names the limit."""
+    ranked = plan("gpt_neox:1.3b", cluster("p5.48xlarge", 1), seq_len=2048, global_batch=256,
+                  top=None, include_unfit=True)
+    over = [p for p in ranked if p.memory.total <= p.capacity and not p.within_xla_limit]
+    assert over and not any(p.fits for p in over)
+    assert "temporaries per GPU" in why(over[:1]) and "XLA plans them within" in why(over[:1])
+    record = records(over[:1])[0]
+    assert not record["fits"] and record["xla_temporaries_limit_gib_per_gpu"] < (
+        record["memory_breakdown_gib"]["grads"] + record["memory_breakdown_gib"]["activations"]
+        + record["memory_breakdown_gib"]["gathered"] + record["memory_breakdown_gib"]["working"]
+        + record["memory_breakdown_gib"]["logits"])

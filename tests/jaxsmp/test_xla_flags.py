@@ -132,3 +132,24 @@ def test_combine_threshold_reads_back_what_apply_set(monkeypatch):
     assert xla_flags.combine_threshold(env) is None   # XLA's default
     xla_flags.apply(396_544, env, gpu=True)
     assert xla_flags.combine_threshold(env) == 396_544
+
+
+def test_apply_gives_xla_the_memory_fraction_the_planner_plans_against(monkeypatch):
+    monkeypatch.setattr(xla_flags, "_backend_started", lambda: False)
+    env: dict = {}
+    xla_flags.apply(env=env, gpu=True)
+    assert env[xla_flags.MEM_FRACTION_VAR] == "0.95" and xla_flags.mem_fraction(env) == 0.95
+    users = {xla_flags.MEM_FRACTION_VAR: "0.8"}
+    xla_flags.apply(env=users, gpu=True)
+    assert users[xla_flags.MEM_FRACTION_VAR] == "0.8" and xla_flags.mem_fraction(users) == 0.8
+    opted_out = {xla_flags.OPT_OUT: "0"}
+    xla_flags.apply(env=opted_out, gpu=True)
+    assert xla_flags.MEM_FRACTION_VAR not in opted_out
+    assert xla_flags.mem_fraction(opted_out) == 0.75   # JAX's default, which that run gets
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "most"])
+def test_a_memory_fraction_outside_0_to_1_is_refused(value):
+    with pytest.raises(ValueError, match=rf"XLA_PYTHON_CLIENT_MEM_FRACTION='{value}': use a "
+                                         r"fraction in \(0, 1\]"):
+        xla_flags.mem_fraction({xla_flags.MEM_FRACTION_VAR: value})
