@@ -98,11 +98,11 @@ def memory_of(compiled: Any) -> CompiledMemory:
 
 def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
                       devices: list | None = None, stages: tuple[int, ...] = (),
-                      spread_head: bool | None = None):
+                      spread_head: bool | None = None, compiler_options: dict | None = None):
     """The compiled ``jaxsmp.step(causal_lm_loss, ...)`` of ``candidate`` (as
     :func:`compile_memory`); ``stages``, ``spread_head``: the planner's layers per
     (virtual) pipeline stage and 1F1B head placement (:class:`jaxsmp.plan.StepTime`),
-    which the step then runs."""
+    which the step then runs; ``compiler_options``: XLA's, beside the step's own."""
     import jaxsmp
     from jaxsmp.checkpoint import abstract_state
     from jaxsmp.losses import causal_lm_loss
@@ -125,10 +125,10 @@ def compile_candidate(config: Any, candidate: Candidate, seq_len: int,
         options["pipeline_head"] = "spread" if spread_head else "last"
     step = jaxsmp.step(causal_lm_loss, **options)
     if devices[0].platform == "cpu":
-        compiled = step.lower(state, batch).compile()
+        compiled = step.lower(state, batch).compile(compiler_options)
     else:
         from jaxsmp.plan import gpu_target
-        compiled = gpu_target.compile_step(step, state, batch, mesh)
+        compiled = gpu_target.compile_step(step, state, batch, mesh, compiler_options)
     return compiled
 
 

@@ -8,19 +8,22 @@ memory are printed beside the memory model's prediction for the GPU and the GPU'
 capacity; a deviceless compile never runs out of memory by itself, so "does not fit"
 is stated when the compiled total exceeds the capacity, or its temporaries XLA's limit
 (:func:`jaxsmp.plan.memory.temporaries_limit`; XLA then recomputed to stay near it).
+Near that limit the step is compiled again without XLA's rematerialization pass, and
+what XLA recomputed (GEMM FLOPs beyond that program's) and the memory it saved is said.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxsmp import xla_flags
 from jaxsmp.plan.candidate import TARGET, Candidate, Semantics
 from jaxsmp.plan.compiled import CompiledMemory, GiB, compile_candidate, memory_of
-from jaxsmp.plan.compiled_time import CompiledTime, compiled_time
+from jaxsmp.plan.compiled_time import CompiledTime, compiled_time, rates
 from jaxsmp.plan.gpu_target import count_fp8_gemms
 from jaxsmp.plan.hardware import Cluster
+from jaxsmp.plan.hlo_cost import estimate
 from jaxsmp.plan.memory import (
     FRAMEWORK_BYTES,
     MemoryBreakdown,
@@ -31,6 +34,10 @@ from jaxsmp.plan.memory import (
 from jaxsmp.plan.throughput import StepTime, estimate_time
 from jaxsmp.plan.workload import Workload
 
+# compiled temporaries from this fraction of XLA's limit up: compiled again without its
+# rematerialization pass, to say what it recomputed
+NEAR_LIMIT = 0.8
+NO_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
 FLAGS_SET = "  compiled with the overlap flags jaxsmp gives XLA on GPU hosts, as a GPU runs it"
 FLAGS_MISSING = ("  compiled WITHOUT the overlap flags jaxsmp gives XLA on GPU hosts (JAX started "
                  "before they were set, or JAXSMP_XLA_FLAGS=0): jaxsmp's own prefetch is in "
@@ -52,6 +59,9 @@ class GpuPreflight:
     # compiled with the overlap flags jaxsmp gives XLA on GPU hosts (jaxsmp.xla_flags)
     gpu_flags: bool = True
     combine_bytes: int | None = None   # their collective combine threshold
+    # near XLA's limit: (GEMM FLOPs over those of the program compiled without XLA's
+    # rematerialization pass, that program's temporaries); None when not compiled
+    recomputed: tuple[float, float] | None = None
 
     @property
     def total(self) -> float:
@@ -94,6 +104,14 @@ class GpuPreflight:
         lines.append(FLAGS_MISSING if not self.gpu_flags else FLAGS_SET + (
             f"; collectives combined up to {self.combine_bytes:,} bytes"
             if self.combine_bytes else ""))
+        if self.recomputed is not None:
+            extra, temporaries = self.recomputed
+            lines.append(
+                f"  XLA recomputes {extra - 1:.1%} more GEMM FLOPs than the step runs without "
+                f"its rematerialization pass, whose program needs {temporaries / GiB:.2f} GiB "
+                f"of temporaries" + (": it recomputes to stay within its limit; a smaller "
+                                     "microbatch or more remat may run faster"
+                                     if extra > 1.01 else ""))
         if self.fp8_gemms is not None:
             lines.append(f"  fp8: {self.fp8_gemms} cuBLASLt FP8 GEMM calls in the compiled "
                          f"program")
@@ -135,6 +153,15 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
         timed = compiled_time(compiled, GPUS[gpu], candidate.precision, cluster)
         step = estimate_time(w, candidate, cluster, semantics)
     fp8 = count_fp8_gemms(compiled.as_text()) if candidate.precision == "fp8" else None
-    return GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
-                        capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8,
-                        xla_flags.overlap_flags_set(), xla_flags.combine_threshold())
+    result = GpuPreflight(candidate, gpu, memory_of(compiled), predicted,
+                          capacity(GPUS[gpu].memory_bytes), seconds, timed, step, fp8,
+                          xla_flags.overlap_flags_set(), xla_flags.combine_threshold())
+    if result.compiled.temporaries < NEAR_LIMIT * result.temporaries_limit:
+        return result
+    unlimited = compile_candidate(config, candidate, seq_len, devices=devices,
+                                  stages=getattr(planned, "stages", ()),
+                                  spread_head=getattr(planned, "spread_head", None),
+                                  compiler_options=NO_REMAT)
+    gemm = lambda c: estimate(c.as_text(), rates(GPUS[gpu], candidate.precision)).matmul_flops
+    return replace(result, recomputed=(gemm(compiled) / gemm(unlimited),
+                                       memory_of(unlimited).temporaries))

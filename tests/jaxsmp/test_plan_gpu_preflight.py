@@ -80,7 +80,8 @@ from jaxsmp.plan import Candidate, gpu_preflight
 r = gpu_preflight("gpt_neox:13b", Candidate(1, 128, 1, 1, 4, 2, "save_matmuls", "bf16"),
                   2048, "A100-40GB")
 print("RESULT", r.error, r.gpu_flags, r.compiled.peak / 2**30,
-      r.temporaries_limit + r.compiled.outputs)
+      r.temporaries_limit + r.compiled.outputs, *r.recomputed)
+print(r.summary())
 """
 # XLA's rematerialization, where it cannot reach its limit, logs it (plus the outputs)
 XLA_LIMIT = re.compile(r"Can't reduce memory use below [\d.]+GiB \((\d+) bytes\)")
@@ -99,7 +100,10 @@ def test_the_memory_model_of_an_accumulated_remat_step_as_a_gpu_compiles_it(flag
 
     With the flags XLA recomputes to stay within its memory limit, and logs the limit:
     the one a run gives it (0.95 x (0.95 x 40 GiB - arguments), 36.01 GiB with the
-    outputs), not the deviceless 80% base (30.46 GiB: the check fails on it)."""
+    outputs), not the deviceless 80% base (30.46 GiB: the check fails on it). The
+    pre-flight, compiling the step again without XLA's rematerialization pass, says so:
+    26.5% more GEMM FLOPs, where that program needs 42.3 GiB of temporaries; without
+    the flags it recomputes nothing (29.0 GiB)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("_JAXSMP")}
     # both with the memory jaxsmp gives XLA (opted out, a run would get JAX's 0.75)
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="", JAXSMP_XLA_FLAGS=flags,
@@ -107,10 +111,14 @@ def test_the_memory_model_of_an_accumulated_remat_step_as_a_gpu_compiles_it(flag
     done = subprocess.run([sys.executable, "-c", ACCUMULATED], env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    error, gpu_flags, peak, limit = done.stdout.split("RESULT")[1].split()
+    error, gpu_flags, peak, limit, extra, unlimited = done.stdout.split("RESULT")[1].split()[:6]
     assert gpu_flags == str(flags == "1")
     if flags == "1":
         logged = XLA_LIMIT.search(done.stderr)
         assert logged, done.stderr[-3000:]
         assert int(logged.group(1)) == pytest.approx(float(limit), rel=0.01)
+        assert float(extra) > 1.1 and float(unlimited) > float(limit)
+        assert "recomputes to stay within its limit" in done.stdout
+    else:
+        assert float(extra) == pytest.approx(1.0, abs=0.01)
     assert abs(float(error)) < 0.10, f"model {float(error):+.1%} of the compiled {peak} GiB"
