@@ -105,19 +105,28 @@ class GpuPreflight:
             f"; collectives combined up to {self.combine_bytes:,} bytes"
             if self.combine_bytes else ""))
         if self.recomputed is not None:
-            extra, temporaries = self.recomputed
-            lines.append(
-                f"  XLA recomputes {extra - 1:.1%} more GEMM FLOPs than the step runs without "
-                f"its rematerialization pass, whose program needs {temporaries / GiB:.2f} GiB "
-                f"of temporaries" + (": it recomputes to stay within its limit; a smaller "
-                                     "microbatch or more remat may run faster"
-                                     if extra > 1.01 else ""))
+            lines.append(self._recompute_line())
         if self.fp8_gemms is not None:
             lines.append(f"  fp8: {self.fp8_gemms} cuBLASLt FP8 GEMM calls in the compiled "
                          f"program")
         if self.time is not None:
             lines.append(self.time.summary(self.predicted_time))
         return "\n".join(lines)
+
+    def _recompute_line(self) -> str:
+        extra, temporaries = self.recomputed
+        line = (f"  XLA recomputes {extra - 1:.1%} more GEMM FLOPs than the step runs without "
+                f"its rematerialization pass, whose program needs {temporaries / GiB:.2f} GiB "
+                f"of temporaries")
+        if extra <= 1.01:
+            return line
+        total = self.total - self.compiled.temporaries + temporaries
+        if total <= self.capacity:
+            return (line + f", {total / GiB:.2f} of {self.capacity / GiB:.2f} GiB usable in "
+                    f"all: it fits without the recompute, which XLA_FLAGS="
+                    f"--xla_disable_hlo_passes=rematerialization leaves out")
+        return (line + ": it recomputes to stay within its limit; a smaller microbatch or "
+                "more remat may run faster")
 
 
 def _topology(gpu: str, world: int) -> list:
