@@ -6,10 +6,10 @@ topology of ``hosts x 8`` abstract GPUs costs the compiler about what 8 do (the 
 one scan, so depth costs little too). XLA's per-device arguments, temporaries and host
 memory are printed beside the memory model's prediction for the GPU and the GPU's
 capacity; a deviceless compile never runs out of memory by itself, so "does not fit"
-is stated when the compiled total exceeds the capacity, or its temporaries XLA's limit
-(:func:`jaxsmp.plan.memory.temporaries_limit`; XLA then recomputed to stay near it).
-Near that limit the step is compiled again without XLA's rematerialization pass, and
-what XLA recomputed (GEMM FLOPs beyond that program's) and the memory it saved is said.
+is stated when the compiled total exceeds the capacity. The temporaries are shown
+against XLA's limit (:func:`jaxsmp.plan.memory.temporaries_limit`), and near it the step
+is compiled again without XLA's rematerialization pass, to say what XLA recomputed
+(GEMM FLOPs beyond that program's) and the memory the recompute saved.
 """
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class GpuPreflight:
 
     @property
     def fits(self) -> bool:
-        return self.total <= self.capacity and self.compiled.temporaries <= self.temporaries_limit
+        return self.total <= self.capacity
 
     @property
     def error(self) -> float:
