@@ -13,6 +13,7 @@ is compiled again without XLA's rematerialization pass, to say what XLA recomput
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -151,9 +152,10 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
     devices = _topology(gpu, candidate.world)
     start = time.perf_counter()
     planned = getattr(plan, "time", None)  # the planner's split and head placement
-    compiled = compile_candidate(config, candidate, seq_len, devices=devices,
-                                 stages=getattr(planned, "stages", ()),
-                                 spread_head=getattr(planned, "spread_head", None))
+    compile_plan = functools.partial(compile_candidate, config, candidate, seq_len,
+                                     devices=devices, stages=getattr(planned, "stages", ()),
+                                     spread_head=getattr(planned, "spread_head", None))
+    compiled = compile_plan()
     seconds = time.perf_counter() - start
     w = Workload(config, seq_len)
     predicted = estimate_memory(w, candidate, semantics, backend="gpu")
@@ -167,10 +169,7 @@ def gpu_preflight(model_config: Any, plan: Any, seq_len: int, gpu: str,
                           xla_flags.overlap_flags_set(), xla_flags.combine_threshold())
     if result.compiled.temporaries < NEAR_LIMIT * result.temporaries_limit:
         return result
-    unlimited = compile_candidate(config, candidate, seq_len, devices=devices,
-                                  stages=getattr(planned, "stages", ()),
-                                  spread_head=getattr(planned, "spread_head", None),
-                                  compiler_options=NO_REMAT)
+    unlimited = compile_plan(compiler_options=NO_REMAT)
     gemm = lambda c: estimate(c.as_text(), rates(GPUS[gpu], candidate.precision)).matmul_flops
     return replace(result, recomputed=(gemm(compiled) / gemm(unlimited),
                                        memory_of(unlimited).temporaries))

@@ -147,16 +147,16 @@ def argument_bytes(*trees: Any) -> int:
 def memory_limit_options(gpu: str, arguments: int) -> dict:
     """XLA's slop factor for a deviceless compile of a step with ``arguments`` bytes per
     device, so that it plans the temporaries within the limit a run on ``gpu`` gives
-    them: ``XLA_SLOP x (fraction x memory - arguments)``, where deviceless XLA takes 80%
-    of the memory instead of the allocator's fraction. ``{}`` if the arguments alone
-    exceed those 80%."""
+    them (:func:`jaxsmp.plan.memory.temporaries_limit` of the planner's capacity), where
+    deviceless XLA takes 80% of the memory as its base instead of the allocator's.
+    ``{}`` if the arguments alone exceed either."""
+    from jaxsmp.plan.memory import capacity, temporaries_limit
     memory = device_memory(gpu)
-    run = xla_flags.mem_fraction() * memory - arguments
+    run = temporaries_limit(capacity(memory), arguments)
     deviceless = xla_flags.DEVICELESS_BASE * memory - arguments
     if deviceless <= 0 or run <= 0:
         return {}
-    slop = round(100 * xla_flags.XLA_SLOP * run / deviceless)
-    return {"xla_gpu_memory_limit_slop_factor": slop}
+    return {"xla_gpu_memory_limit_slop_factor": round(100 * run / deviceless)}
 
 
 def compile_step(step: Any, state: Any, batch: Any, mesh: Any,

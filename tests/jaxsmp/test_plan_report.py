@@ -2,6 +2,7 @@
 import pytest
 
 from jaxsmp.plan import cluster, plan
+from jaxsmp.plan.memory import GiB
 from jaxsmp.plan.report import records, table, why
 
 
@@ -60,7 +61,6 @@ def test_a_plan_whose_temporaries_xla_would_recompute_does_not_fit():
     assert over and not any(p.fits for p in over)
     assert "temporaries per GPU" in why(over[:1]) and "XLA plans them within" in why(over[:1])
     record = records(over[:1])[0]
-    assert not record["fits"] and record["xla_temporaries_limit_gib_per_gpu"] < (
-        record["memory_breakdown_gib"]["grads"] + record["memory_breakdown_gib"]["activations"]
-        + record["memory_breakdown_gib"]["gathered"] + record["memory_breakdown_gib"]["working"]
-        + record["memory_breakdown_gib"]["logits"])
+    assert not record["fits"]
+    assert record["xla_temporaries_limit_gib_per_gpu"] * GiB == pytest.approx(
+        over[0].temporaries_limit) and over[0].temporaries_limit < over[0].memory.temporaries
