@@ -25,7 +25,9 @@ model and configuration family published at several node counts (llm-foundry's M
 tables from 8 to 512 GPUs, torchtitan's Llama 3.1 8B on 8 and 128 GPUs). Their rows
 are held out (except the few that are already fit rows above), and each series' trend,
 the change in tokens/s/GPU from its fewest to its most nodes, is compared with the
-predicted one.
+predicted one. Each step of a series, from one node count to the next, is also set
+beside the same step in its stack's other series (:func:`steps`): the published steps
+far from their siblings are listed, and how close the planner comes on the others.
 
     python bench/plan_vs_published.py          # the table with the cached constants
     python bench/plan_vs_published.py --fit    # fit on the fit rows, then the table
@@ -34,6 +36,7 @@ predicted one.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from dataclasses import replace
@@ -149,7 +152,42 @@ def summary(fitted: Fitted = FITTED, choice: bool = True, eager: float = EAGER) 
               for name, runs in scaling_series().items()}
     absolute = sorted(abs(e) for e in held.values())
     return {"rows": rows, "predictions": predictions, "held_out": held,
-            "median": statistics.median(absolute), "worst": absolute[-1], "series": series}
+            "median": statistics.median(absolute), "worst": absolute[-1], "series": series,
+            "steps": steps(published, tokens)}
+
+
+# a published step this far from its siblings' median is odd: the published steps fall
+# into two groups, within 4.8 points of their siblings' median or 9.5 and more from it
+ODD = 0.07
+
+
+def stack(series: str) -> str:
+    """The stack that published a series (MPT, MaxText, torchtitan): its name's first word."""
+    return re.match(r"[A-Za-z]+", series).group()
+
+
+def steps(published: dict[str, float], tokens: dict[str, float]) -> list[dict]:
+    """Each series' steps, from one node count to its next, with their siblings: the same
+    step (the same two GPU counts) in the other series its stack published, the same
+    runs on other models (and, for llm-foundry, other GPUs). A step far from its
+    siblings' (:data:`ODD`) is one that the published tables contradict themselves on:
+    a time model of configuration and hardware follows the siblings there."""
+    out = []
+    for name, runs in scaling_series().items():
+        for a, b in zip(runs, runs[1:]):
+            out.append({"series": name, "gpus": (8 * a.nodes, 8 * b.nodes),
+                        "microbatches": tuple(f"{r.candidate.microbatch_size}x"
+                                              f"{r.candidate.microbatches}" for r in (a, b)),
+                        "published": published[b.name] / published[a.name] - 1,
+                        "predicted": tokens[b.name] / tokens[a.name] - 1})
+    for step in out:
+        siblings = [s["published"] for s in out if s["gpus"] == step["gpus"]
+                    and s["series"] != step["series"]
+                    and stack(s["series"]) == stack(step["series"])]
+        median = statistics.median(siblings) if siblings else None
+        step.update(siblings=siblings, median=median,
+                    odd=median is not None and abs(step["published"] - median) > ODD)
+    return out
 
 
 def table(fitted: Fitted, eager: float = EAGER) -> dict:
@@ -190,9 +228,32 @@ def table(fitted: Fitted, eager: float = EAGER) -> dict:
         print(f"| {name}{note} | {runs[0].nodes}-{runs[-1].nodes} | {pub:+.1%} | {pred:+.1%} "
               f"| {same} | {100 * abs(pred - pub):.1f} |")
     print()
+    step_table(result["steps"])
     for run in result["rows"]:
         print(f"- {run.name}: {run.source}")
     return result
+
+
+def step_table(all_steps: list[dict]) -> None:
+    """The odd published steps (:func:`steps`) and how close the others are predicted."""
+    compared = [s for s in all_steps if s["siblings"]]
+    odd = [s for s in compared if s["odd"]]
+    rest = max(compared, key=lambda s: 0 if s["odd"] else abs(s["predicted"] - s["published"]))
+    print(f"{len(compared)} steps from one node count to the next have siblings (the same "
+          f"step in other series of the same stack): {len(odd)} published steps are more "
+          f"than {ODD:.0%} from their siblings' median; every other step is predicted within "
+          f"{100 * abs(rest['predicted'] - rest['published']):.1f} points ({rest['series']}, "
+          f"{rest['gpus'][0]} -> {rest['gpus'][1]} GPUs)\n")
+    print("| series | GPUs | microbatch x accumulation | published step | siblings' median "
+          "(range, count) | predicted step |")
+    print("|---|---|---|---|---|---|")
+    for s in odd:
+        sib = s["siblings"]
+        print(f"| {s['series']} | {s['gpus'][0]} -> {s['gpus'][1]} | "
+              f"{' -> '.join(s['microbatches'])} | {s['published']:+.1%} | "
+              f"{s['median']:+.1%} ({min(sib):+.1%} to {max(sib):+.1%}, {len(sib)}) | "
+              f"{s['predicted']:+.1%} |")
+    print()
 
 
 def plot(result: dict, path: str):

@@ -46,7 +46,8 @@ def test_the_held_out_median_error_is_within_10_percent(result):
     "largest held-out error 27.1%, the only row of 91 beyond 20%: MPT-70b on 64 "
     "A100-40GB (microbatch 2 on 40 GB, 27% slower per GPU than its 128-GPU row; the "
     "same model and microbatch on 32 A100-80GB over the same network ran 373 tokens/s "
-    "per GPU against its 276)"))
+    "per GPU against its 276; its step to 128 GPUs, +36.2%, is odd: its siblings' "
+    "median is -1.4%)"))
 def test_the_largest_held_out_error_is_within_20_percent(result):
     assert result["worst"] <= 0.20
 
@@ -55,7 +56,8 @@ def test_the_largest_held_out_error_is_within_20_percent(result):
 @pytest.mark.xfail(strict=True, reason=(
     "2 of 23 series, where the microbatch grows along the series: MPT-70b A100-40GB "
     "(64 -> 128 GPUs, microbatch 2 -> 4) +36% against +4%, MPT-13b A100-40GB (8 -> 128, "
-    "4 -> 16) +18% against +1%"))
+    "4 -> 16) +18% against +1%; each series' first step is odd, +36.2% and +19.5% where "
+    "their siblings' medians are -1.4% and -0.9%"))
 def test_every_series_trend_is_within_10_points_of_the_published_one(result):
     assert all(abs(pred - pub) <= 0.10 for pub, pred, _ in result["series"].values())
 
@@ -64,10 +66,46 @@ def test_every_series_trend_is_within_10_points_of_the_published_one(result):
 @pytest.mark.xfail(strict=True, reason=(
     "2 of 23 series trends have the other sign, each within 9 points: MPT-13b H100 (1 -> 8 "
     "nodes; its four rows within 1% of each other) gains 0.2% where the planner predicts "
-    "-1.8%; MPT-760m H100 (1 -> 4) gains 7.6% (its 1-node run the slow one) where it "
-    "predicts -1.3%"))
+    "-1.9%, each step within 1.2 points; MPT-760m H100 (1 -> 4) gains 7.6% (its 1-node "
+    "run the slow one, an odd step) where it predicts -1.3%"))
 def test_every_series_trend_has_the_published_sign(result):
     assert all((pub > 0) == (pred > 0) for pub, pred, _ in result["series"].values())
+
+
+@pytest.mark.slow
+def test_every_published_step_its_siblings_agree_with_is_predicted_within_5_points(result):
+    """A series' step from one node count to the next against the same step in the other
+    series of its stack: the steps the published tables agree with themselves on are
+    predicted within 5 points; the odd ones (7 points and more from their siblings'
+    median) are the steps behind the targets not met, each named here."""
+    compared = [s for s in result["steps"] if s["siblings"]]
+    assert len(compared) >= 59
+    for step in compared:
+        assert step["odd"] == (abs(step["published"] - step["median"]) > 0.07)
+        if not step["odd"]:
+            assert abs(step["predicted"] - step["published"]) <= 0.05, step
+    assert {(s["series"], s["gpus"]) for s in compared if s["odd"]} == {
+        ("MPT-70b h100", (32, 64)), ("MPT-30b h100", (8, 16)), ("MPT-760m h100", (8, 16)),
+        ("MPT-70b a100_80", (32, 64)), ("MPT-70b a100_40", (64, 128)),
+        ("MPT-13b a100_40", (8, 16)), ("MPT-1b a100_40", (16, 32)),
+        ("MPT-1b a100_40", (32, 64))}
+
+
+def test_a_steps_siblings_are_the_same_step_in_its_stacks_other_series(bench):
+    runs = bench.scaling_series()
+    published = {r.name: r.tokens_per_gpu for rs in runs.values() for r in rs}
+    steps = {(s["series"], s["gpus"]): s for s in bench.steps(published, published)}
+    step = steps[("MPT-70b a100_40", (64, 128))]
+    same = [n for n, rs in runs.items() if n != "MPT-70b a100_40" and n.startswith("MPT")
+            and {64, 128} <= {8 * r.nodes for r in rs}
+            and [8 * r.nodes for r in rs].index(128) == [8 * r.nodes for r in rs].index(64) + 1]
+    assert len(step["siblings"]) == len(same) == 7
+    assert step["published"] == pytest.approx(376 / 276 - 1)
+    assert step["predicted"] == step["published"]      # priced with the published numbers
+    # MaxText's two series are each other's siblings; none crosses stacks
+    maxtext = steps[("MaxText Llama-2-70B h100", (128, 256))]
+    assert len(maxtext["siblings"]) == 1 and bench.stack("MaxText Llama-3-70B h100") == "MaxText"
+    assert not steps[("torchtitan Llama-3.1-8B h100_96", (8, 128))]["siblings"]
 
 
 @pytest.mark.slow
