@@ -241,8 +241,8 @@ def step_table(all_steps: list[dict]) -> None:
     rest = max(compared, key=lambda s: 0 if s["odd"] else abs(s["predicted"] - s["published"]))
     print(f"{len(compared)} steps from one node count to the next have siblings (the same "
           f"step in other series of the same stack): {len(odd)} published steps are more "
-          f"than {ODD:.0%} from their siblings' median; every other step is predicted within "
-          f"{100 * abs(rest['predicted'] - rest['published']):.1f} points ({rest['series']}, "
+          f"than {100 * ODD:.0f} points from their siblings' median; every other step is "
+          f"predicted within {100 * abs(rest['predicted'] - rest['published']):.1f} points ({rest['series']}, "
           f"{rest['gpus'][0]} -> {rest['gpus'][1]} GPUs)\n")
     print("| series | GPUs | microbatch x accumulation | published step | siblings' median "
           "(range, count) | predicted step |")
