@@ -32,6 +32,7 @@ far from their siblings are listed, and how close the planner comes on the other
     python bench/plan_vs_published.py          # the table with the cached constants
     python bench/plan_vs_published.py --fit    # fit on the fit rows, then the table
     python bench/plan_vs_published.py --plot docs/img/planner_accuracy.png
+    python bench/plan_vs_published.py --steps  # every scaling step beside its siblings
 """
 from __future__ import annotations
 
@@ -190,8 +191,9 @@ def steps(published: dict[str, float], tokens: dict[str, float]) -> list[dict]:
     return out
 
 
-def table(fitted: Fitted, eager: float = EAGER) -> dict:
-    """Prints every row, the held-out summary and the trends; returns :func:`summary`'s."""
+def table(fitted: Fitted, eager: float = EAGER, every_step: bool = False) -> dict:
+    """Prints every row, the held-out summary, the trends and the odd steps (every step
+    with siblings if ``every_step``); returns :func:`summary`'s."""
     result = summary(fitted, eager=eager)
     print("| run | set | GPUs | configuration | published tok/s/GPU (TFLOP/s) | predicted "
           "tok/s/GPU (TFLOP/s) | error | jaxsmp GiB/GPU (of) |")
@@ -228,17 +230,19 @@ def table(fitted: Fitted, eager: float = EAGER) -> dict:
         print(f"| {name}{note} | {runs[0].nodes}-{runs[-1].nodes} | {pub:+.1%} | {pred:+.1%} "
               f"| {same} | {100 * abs(pred - pub):.1f} |")
     print()
-    step_table(result["steps"])
+    step_table(result["steps"], every_step)
     for run in result["rows"]:
         print(f"- {run.name}: {run.source}")
     return result
 
 
-def step_table(all_steps: list[dict]) -> None:
-    """The odd published steps (:func:`steps`) and how close the others are predicted."""
+def step_table(all_steps: list[dict], every: bool = False) -> None:
+    """The odd published steps (:func:`steps`; ``every``: all with siblings) and how close
+    the others are predicted."""
     compared = [s for s in all_steps if s["siblings"]]
     odd = [s for s in compared if s["odd"]]
-    rest = max(compared, key=lambda s: 0 if s["odd"] else abs(s["predicted"] - s["published"]))
+    rest = max((s for s in compared if not s["odd"]),
+               key=lambda s: abs(s["predicted"] - s["published"]))
     print(f"{len(compared)} steps from one node count to the next have siblings (the same "
           f"step in other series of the same stack): {len(odd)} published steps are more "
           f"than {100 * ODD:.0f} points from their siblings' median; every other step is "
@@ -247,7 +251,7 @@ def step_table(all_steps: list[dict]) -> None:
     print("| series | GPUs | microbatch x accumulation | published step | siblings' median "
           "(range, count) | predicted step |")
     print("|---|---|---|---|---|---|")
-    for s in odd:
+    for s in compared if every else odd:
         sib = s["siblings"]
         print(f"| {s['series']} | {s['gpus'][0]} -> {s['gpus'][1]} | "
               f"{' -> '.join(s['microbatches'])} | {s['published']:+.1%} | "
@@ -317,13 +321,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fit", action="store_true", help="fit the constants on the fit rows")
     p.add_argument("--plot", metavar="PNG", help="also draw the table and the trends")
+    p.add_argument("--steps", action="store_true",
+                   help="list every step with siblings, not only the odd ones")
     args = p.parse_args()
     fitted, eager, fit_rows = FITTED, EAGER, [r for r in RUNS if r.name in FIT]
     if args.fit:
         fitted, eager = fit(fit_rows, replace(FITTED, overlap=1.0))
         print(f"fitted on {sorted(FIT)}:\n    FITTED = {fitted}\n    EAGER = {eager} "
               f"(fit rows' mean |error| {fit_loss(fit_rows, fitted, eager):.2%})\n")
-    result = table(fitted, eager)
+    result = table(fitted, eager, args.steps)
     if args.plot:
         plot(result, args.plot)
 
